@@ -1,0 +1,58 @@
+"""Caffe2's ``core`` module: nets, blobs, operators, scopes and gradients."""
+
+from dpgraph.ir.analysis import (
+    InferBlobDevices,
+    get_op_ids_in_path,
+    get_output_producers,
+    get_ssa,
+    get_undefined_blobs,
+)
+from dpgraph.ir.blob import BlobReference, GradientSlice, ScopedBlobReference, ScopedName
+from dpgraph.ir.device import DeviceOption, IsGPUDeviceType, device_equal, device_option_equal
+from dpgraph.ir.net import Net
+from dpgraph.ir.operator import CreateOperator, _RectifyInputOutput
+from dpgraph.ir.registry import OPERATORS
+from dpgraph.ir.scope import DeviceScope, EmptyDeviceScope, EmptyNameScope, NameScope
+from dpgraph.proto import caffe2_pb2
+
+
+class DataType:
+    """TensorProto data types by name (``core.DataType.FLOAT`` == 1)."""
+
+
+for _name, _value in caffe2_pb2.TensorProto.DataType.items():
+    setattr(DataType, _name, _value)
+
+
+def IsOperator(op_type: str) -> bool:
+    """True if ``op_type`` is registered."""
+    return IsOperatorWithEngine(op_type, "DEFAULT")
+
+
+def IsOperatorWithEngine(op_type: str, engine: str) -> bool:
+    """dpgraph kernels serve every engine, so only the type matters."""
+    return op_type in OPERATORS
+
+
+def RegisteredOperators() -> list[str]:
+    return OPERATORS.types()
+
+
+def RefreshRegisteredOperators() -> None:
+    """Nothing to refresh: dpgraph's registry is always current."""
+
+
+def GlobalInit(args: list[str]) -> bool:
+    from dpgraph.workspace import GlobalInit as _global_init
+
+    return _global_init(args)
+
+
+__all__ = [
+    "BlobReference", "CreateOperator", "DataType", "DeviceOption", "DeviceScope",
+    "EmptyDeviceScope", "EmptyNameScope", "GlobalInit", "GradientSlice", "InferBlobDevices",
+    "IsGPUDeviceType", "IsOperator", "IsOperatorWithEngine", "NameScope", "Net",
+    "RefreshRegisteredOperators", "RegisteredOperators", "ScopedBlobReference", "ScopedName",
+    "_RectifyInputOutput", "device_equal", "device_option_equal", "get_op_ids_in_path",
+    "get_output_producers", "get_ssa", "get_undefined_blobs",
+]

@@ -1,0 +1,152 @@
+"""The dpgraph exception hierarchy.
+
+Every user-facing failure raises a subclass of :class:`DpgraphError`.  Messages name the
+op, blob and device involved and say how to fix the problem.  Where Caffe2 raised
+``AssertionError`` for a user error, the dpgraph error also subclasses ``AssertionError`` so
+existing ``except AssertionError`` code keeps working; likewise for Caffe2's ``ValueError``,
+``KeyError``, ``TypeError``, ``AttributeError`` and ``RuntimeError``.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+
+class DpgraphError(Exception):
+    """Base class of every error dpgraph raises on purpose."""
+
+
+# --- IR and graph construction -------------------------------------------------------------
+class ProtoError(DpgraphError, ValueError):
+    """A protobuf message could not be parsed or does not fit the schema."""
+
+
+class ScopeError(DpgraphError, AssertionError):
+    """A name or device scope was misused (wrong type, unbalanced exit)."""
+
+
+class BlobNameError(DpgraphError, TypeError):
+    """A blob name is not a string, bytes or BlobReference."""
+
+
+class ArgumentError(DpgraphError, ValueError):
+    """An operator argument has a value that cannot be encoded or is invalid."""
+
+
+class UnknownOperatorError(DpgraphError, AttributeError):
+    """An operator type is not registered."""
+
+
+class OperatorSchemaError(DpgraphError, ValueError):
+    """An operator does not fit its schema (arity, in-place pairs)."""
+
+
+class NetError(DpgraphError, AssertionError):
+    """A net was used inconsistently (duplicate external input, undefined output, ...)."""
+
+
+class BlobNotFoundError(DpgraphError, KeyError):
+    """A blob does not exist in a net or workspace."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+class VerificationError(DpgraphError, AssertionError):
+    """``dpgraph.ir.verify`` found problems in a net; ``problems`` lists them all."""
+
+    def __init__(self, message: str, problems: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.problems = list(problems or [])
+
+
+class TextFormatError(DpgraphError, ValueError):
+    """The compact text format of a net could not be parsed."""
+
+
+# --- autodiff ------------------------------------------------------------------------------
+class GradientError(DpgraphError, RuntimeError):
+    """Gradient generation failed (SSA version mismatch, mixed dense/sparse, devices)."""
+
+
+class NoGradientError(GradientError):
+    """An op needed a gradient but has no registered gradient maker."""
+
+
+class StopGradientError(DpgraphError, ValueError):
+    """A StopGradient output is never used in the forward pass."""
+
+
+# --- runtime -------------------------------------------------------------------------------
+class WorkspaceError(DpgraphError, RuntimeError):
+    """A workspace-level failure (missing net or blob, refusing to overwrite a net)."""
+
+
+class DeviceError(DpgraphError, RuntimeError):
+    """A device is unavailable or a blob was read from a device that cannot reach it."""
+
+
+class ShapeError(DpgraphError, ValueError):
+    """Tensor shapes or dtypes do not fit an operator."""
+
+
+class OperatorError(DpgraphError, RuntimeError):
+    """An operator failed while running; the kernel's exception is chained."""
+
+
+class QueueClosedError(DpgraphError, RuntimeError):
+    """A blobs queue was closed while an op waited on it."""
+
+
+# --- modeling and passes -------------------------------------------------------------------
+class ModelError(DpgraphError, AssertionError):
+    """A ModelHelper, brew helper or optimizer was misused."""
+
+
+class HelperError(ModelError, AttributeError):
+    """A brew helper is unknown or registered twice."""
+
+
+class ParallelizeError(DpgraphError, AssertionError):
+    """Parallelize was called with inconsistent arguments or a graph it cannot replicate."""
+
+
+class NotSupportedError(DpgraphError, NotImplementedError):
+    """A feature combination dpgraph does not support; the message says what to use."""
+
+
+class MemongerError(DpgraphError, AssertionError):
+    """Memory optimisation would change the graph's meaning."""
+
+
+class CheckpointError(DpgraphError, ValueError):
+    """A checkpoint file is truncated, corrupt or does not match the model."""
+
+
+# --- collectives ---------------------------------------------------------------------------
+class CollectiveError(DpgraphError, RuntimeError):
+    """A collective operation failed or was set up inconsistently across ranks."""
+
+
+class CollectiveTimeoutError(CollectiveError, TimeoutError):
+    """A collective did not complete within its timeout (a peer died or never joined)."""
+
+
+class RendezvousError(CollectiveError):
+    """The rendezvous description is incomplete or ranks disagree about it."""
+
+
+class MissingDependencyError(DpgraphError, ImportError):
+    """An optional dependency is not installed; the message says what to install."""
+
+
+# --- export --------------------------------------------------------------------------------
+class ExportError(DpgraphError, ValueError):
+    """A net could not be exported (unsupported ops, missing parameter values)."""
+
+
+def did_you_mean(name: str, candidates: Iterable[str], limit: int = 5) -> str:
+    """Return a " Did you mean: a, b?" suffix for an unknown ``name``, or ``""``."""
+    close = difflib.get_close_matches(name, list(candidates), n=limit, cutoff=0.6)
+    return f" Did you mean: {', '.join(close)}?" if close else ""

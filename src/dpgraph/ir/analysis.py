@@ -1,0 +1,121 @@
+"""Pure analyses of NetDefs: SSA versions, use-def chains, producers, blob devices.
+
+Nothing here is cached: every function recomputes from the protos it is given, so the
+results stay right however the net was mutated.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from dpgraph.proto import caffe2_pb2
+
+OpList = Sequence[caffe2_pb2.OperatorDef]
+Versioned = tuple[str, int]
+
+
+def _ops(net: Any) -> OpList:
+    if hasattr(net, "Proto"):
+        return net.Proto().op
+    if isinstance(net, caffe2_pb2.NetDef):
+        return net.op
+    return list(net)
+
+
+def get_ssa(net: Any, blob_versions: dict[str, int] | None = None
+            ) -> tuple[list[tuple[list[Versioned], list[Versioned]]], dict[str, int]]:
+    """Per op, its ``(inputs, outputs)`` as ``(name, version)``; and the final versions.
+
+    A blob's version starts at 0 and goes up each time an op writes it.
+    """
+    versions: dict[str, int] = dict(blob_versions or {})
+    ssa = []
+    for op in _ops(net):
+        inputs = [(b, versions.get(b, 0)) for b in op.input]
+        for b in op.output:
+            versions[b] = versions.get(b, 0) + 1
+        ssa.append((inputs, [(b, versions[b]) for b in op.output]))
+    return ssa, versions
+
+
+def get_undefined_blobs(ssa: Sequence[tuple[list[Versioned], list[Versioned]]]) -> set[str]:
+    """Blobs read at version 0, i.e. before any op in the net writes them."""
+    return {name for inputs, _ in ssa for name, version in inputs if version == 0}
+
+
+def get_output_producers(ssa: Sequence[tuple[list[Versioned], list[Versioned]]]
+                         ) -> dict[Versioned, int]:
+    """``{(blob, version): index of the op that produced it}``."""
+    return {out: index for index, (_, outputs) in enumerate(ssa) for out in outputs}
+
+
+def producers(net: Any) -> dict[str, list[int]]:
+    """``{blob: [indices of ops writing it]}`` in op order."""
+    result: defaultdict[str, list[int]] = defaultdict(list)
+    for index, op in enumerate(_ops(net)):
+        for b in op.output:
+            result[b].append(index)
+    return dict(result)
+
+
+def consumers(net: Any) -> dict[str, list[int]]:
+    """``{blob: [indices of ops reading it]}`` in op order."""
+    result: defaultdict[str, list[int]] = defaultdict(list)
+    for index, op in enumerate(_ops(net)):
+        for b in op.input:
+            result[b].append(index)
+    return dict(result)
+
+
+def ops_in_path(ops: OpList, inputs: Iterable[str], outputs: Iterable[str]) -> list[int]:
+    """Indices of the ops needed to compute ``outputs`` once ``inputs`` are given."""
+    ssa, _ = get_ssa(ops)
+    producer = get_output_producers(ssa)
+    final: dict[str, int] = {}
+    for _, outs in ssa:
+        for name, version in outs:
+            final[name] = version
+    stop = set(inputs)
+    needed: set[int] = set()
+    stack = [(o, final.get(o, 0)) for o in outputs]
+    while stack:
+        blob = stack.pop()
+        if blob[0] in stop or blob not in producer:
+            continue
+        index = producer[blob]
+        if index in needed:
+            continue
+        needed.add(index)
+        stack.extend(ssa[index][0])
+    return sorted(needed)
+
+
+get_op_ids_in_path = ops_in_path
+
+
+def InferBlobDevices(net: Any) -> dict[str, caffe2_pb2.DeviceOption]:
+    """``{output blob: device option of the (last) op that produces it}``."""
+    proto = net.Proto() if hasattr(net, "Proto") else net
+    default = proto.device_option if isinstance(proto, caffe2_pb2.NetDef) else None
+    mapping: dict[str, caffe2_pb2.DeviceOption] = {}
+    for op in _ops(net):
+        option = op.device_option if op.HasField("device_option") else default
+        for b in op.output:
+            mapping[b] = option if option is not None else caffe2_pb2.DeviceOption()
+    return mapping
+
+
+def external_inputs_of(ops: OpList) -> list[str]:
+    """Blobs the ops read before any of them writes them, in first-use order."""
+    produced: set[str] = set()
+    seen: set[str] = set()
+    result = []
+    for op in ops:
+        for b in op.input:
+            if b not in produced and b not in seen:
+                seen.add(b)
+                result.append(b)
+        produced.update(op.output)
+    return result

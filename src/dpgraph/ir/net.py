@@ -1,0 +1,442 @@
+"""The :class:`Net` builder: a live NetDef plus Caffe2's op-creation conveniences."""
+
+from __future__ import annotations
+
+import threading
+import traceback
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+from dpgraph.errors import BlobNotFoundError, NetError, UnknownOperatorError, did_you_mean
+from dpgraph.ir import scope
+from dpgraph.ir.blob import BlobReference, ScopedBlobReference, ScopedName, blob_name
+from dpgraph.ir.device import DeviceOption, IsGPUDeviceType
+from dpgraph.ir.operator import CreateOperator, RectifyInputOutput
+from dpgraph.ir.arguments import MakeArgument
+from dpgraph.ir.registry import OPERATORS
+from dpgraph.proto import caffe2_pb2
+
+#: ``{net name: {op index: formatted creation stack}}``, shown when an op fails.
+operator_tracebacks: defaultdict[str, dict[int, list[str]]] = defaultdict(dict)
+
+_names_lock = threading.Lock()
+_used_net_names: set[str] = set()
+
+
+def _unique_net_name(name: str) -> str:
+    """``name``, or ``name_1``, ``name_2``, ... if a net of that name already exists."""
+    with _names_lock:
+        candidate, index = name, 0
+        while candidate in _used_net_names:
+            index += 1
+            candidate = f"{name}_{index}"
+        _used_net_names.add(candidate)
+        return candidate
+
+
+def _next_blob_index(net_name: str, proto: caffe2_pb2.NetDef) -> int:
+    """One more than the largest N of ``<net>_blob_N`` names already in the net."""
+    prefix = net_name + "_blob_"
+    best = -1
+    for op in proto.op:
+        for name in list(op.input) + list(op.output):
+            if name.startswith(prefix) and name[len(prefix):len(prefix) + 1].isdigit():
+                best = max(best, int(name[len(prefix)]))
+    return best + 1
+
+
+class Net:
+    """A network under construction; ``Proto()`` is the live NetDef of record."""
+
+    def __init__(self, name_or_proto: str | caffe2_pb2.NetDef | Net, inplace: bool = False) -> None:
+        if isinstance(name_or_proto, Net):
+            name_or_proto = name_or_proto.Proto()
+        if isinstance(name_or_proto, caffe2_pb2.NetDef):
+            if inplace:
+                self._net = name_or_proto
+            else:
+                self._net = caffe2_pb2.NetDef()
+                self._net.CopyFrom(name_or_proto)
+            self._net.name = _unique_net_name(self._net.name)
+        elif isinstance(name_or_proto, (str, bytes)):
+            name = name_or_proto.decode() if isinstance(name_or_proto, bytes) else name_or_proto
+            self._net = caffe2_pb2.NetDef(name=_unique_net_name(name))
+        else:
+            raise NetError(
+                f"Net() takes a name or a NetDef, got {type(name_or_proto).__name__}."
+            )
+        self._next_name_index = _next_blob_index(self._net.name, self._net)
+        self._registered_blob_names: set[str] = set()
+        self._attr_dict: defaultdict[str, list[Any]] = defaultdict(list)
+        self._input_record: Any = None
+        self._output_record: Any = None
+        self._recreate_lookup_tables = True
+        self._op_outputs: set[str] = set()
+        self._external_input_map: set[str] = set()
+
+    # --- identity ----------------------------------------------------------------------
+    def Name(self) -> str:
+        return self._net.name
+
+    def __str__(self) -> str:
+        return self.Name()
+
+    def __repr__(self) -> str:
+        return f"Net({self.Name()!r}, {len(self._net.op)} ops)"
+
+    def Proto(self) -> caffe2_pb2.NetDef:
+        """The live NetDef; callers may mutate it."""
+        self._recreate_lookup_tables = True
+        return self._net
+
+    def _lookup(self) -> None:
+        if self._recreate_lookup_tables:
+            self._op_outputs = {o for op in self._net.op for o in op.output}
+            self._external_input_map = set(self._net.external_input)
+            self._recreate_lookup_tables = False
+
+    # --- blob queries ------------------------------------------------------------------
+    def BlobIsDefined(self, blob: Any) -> bool:
+        self._lookup()
+        name = str(blob)
+        return name in self._op_outputs or name in self._external_input_map
+
+    def is_external_input(self, blob: Any) -> bool:
+        self._lookup()
+        return str(blob) in self._external_input_map
+
+    def UsesBlob(self, blob: Any) -> bool:
+        name = str(blob)
+        return name in self._net.external_input or any(name in op.input for op in self._net.op)
+
+    def UsedBlobNames(self) -> set[str]:
+        names = set(self._net.external_input) | set(self._net.external_output)
+        for op in self._net.op:
+            names.update(op.input)
+            names.update(op.output)
+        return names
+
+    def GetBlobRef(self, blob_name_: Any) -> BlobReference:
+        name = str(blob_name_)
+        if not self.BlobIsDefined(name):
+            raise BlobNotFoundError(f"Net {self.Name()!r} does not define blob {name!r}.")
+        return BlobReference(name, self)
+
+    # --- automatic names ---------------------------------------------------------------
+    def NextName(self, prefix: str | None = None, output_id: int | None = None) -> str:
+        """An unused name: ``<net>_blob_<N>``, or ``<net>/<prefix>[_k][:<output_id>]``."""
+        if prefix is None:
+            name = f"{self._net.name}_blob_{self._next_name_index}"
+            self._next_name_index += 1
+            return name
+        base = f"{self._net.name}/{prefix}"
+        suffix = "" if output_id is None else f":{output_id}"
+        name, index = base + suffix, 2
+        while self.BlobIsDefined(ScopedName(name)):
+            name, index = f"{base}_{index}{suffix}", index + 1
+        return name
+
+    def NextBlob(self, prefix: str = "unnamed") -> BlobReference:
+        """``prefix`` if unused, else ``prefix_auto_<k>``; the result is reserved."""
+        name, index = prefix, 0
+        while name in self._registered_blob_names or self.BlobIsDefined(name):
+            name, index = f"{prefix}_auto_{index}", index + 1
+        self._registered_blob_names.add(name)
+        return BlobReference(name)
+
+    def NextScopedBlob(self, prefix: str = "unnamed") -> BlobReference:
+        return self.NextBlob(ScopedName(prefix))
+
+    # --- external inputs and outputs ---------------------------------------------------
+    def AddExternalInput(self, *inputs: Any) -> BlobReference | list[BlobReference]:
+        """Declare external inputs; each must be new to the net."""
+        if not inputs:
+            raise NetError("AddExternalInput needs at least one input.")
+        refs = [i if isinstance(i, BlobReference) else BlobReference(blob_name(i))
+                for i in inputs]
+        names = [str(r) for r in refs]
+        existing = set(self._net.external_input)
+        for name in names:
+            if name in existing or names.count(name) > 1:
+                raise NetError(f"Net already contains an input named {name}")
+        self._net.external_input.extend(names)
+        self._recreate_lookup_tables = True
+        return refs[0] if len(refs) == 1 else refs
+
+    AddExternalInputs = AddExternalInput
+
+    def AddScopedExternalInputs(self, *inputs: Any) -> list[BlobReference]:
+        result = self.AddExternalInput(*[ScopedBlobReference(blob_name(i)) for i in inputs])
+        return result if isinstance(result, list) else [result]
+
+    def AddExternalOutput(self, *outputs: Any) -> None:
+        """Declare external outputs; each must be a BlobReference defined in the net."""
+        for output in outputs:
+            if not isinstance(output, BlobReference):
+                raise NetError(
+                    f"AddExternalOutput takes BlobReferences, got {type(output).__name__} "
+                    f"{output!r}; use net.GetBlobRef(name)."
+                )
+            if not self.BlobIsDefined(output):
+                raise NetError(f"{output} is not defined in net {self.Name()!r}.")
+        self._net.external_output.extend(str(o) for o in outputs)
+
+    AddExternalOutputs = AddExternalOutput
+
+    def AddScopedExternalOutputs(self, *outputs: Any) -> list[BlobReference]:
+        refs = [ScopedBlobReference(blob_name(o)) for o in outputs]
+        self.AddExternalOutput(*refs)
+        return refs
+
+    @property
+    def external_inputs(self) -> list[BlobReference]:
+        return [BlobReference(n) for n in self._net.external_input]
+
+    @property
+    def external_outputs(self) -> list[BlobReference]:
+        return [BlobReference(n) for n in self._net.external_output]
+
+    # --- op creation -------------------------------------------------------------------
+    def __getattr__(self, op_type: str) -> Callable[..., Any]:
+        if op_type.startswith("__") or op_type.startswith("_"):
+            raise AttributeError(op_type)
+        if op_type not in OPERATORS:
+            raise UnknownOperatorError(
+                f"Method {op_type} is not a registered operator."
+                + did_you_mean(op_type, OPERATORS.types())
+            )
+        return lambda *args, **kwargs: self._CreateAndAddToSelf(op_type, *args, **kwargs)
+
+    def __dir__(self) -> list[str]:
+        return sorted(set(super().__dir__()) | set(OPERATORS.types()))
+
+    def _auto_outputs(self, op_type: str, outputs: Any) -> Any:
+        if outputs is None:
+            return self.NextName(prefix=op_type)
+        if isinstance(outputs, int) and not isinstance(outputs, bool):
+            return [self.NextName(prefix=op_type, output_id=i) for i in range(outputs)]
+        return outputs
+
+    def _CreateAndAddToSelf(self, op_type: str, inputs: Any, outputs: Any = None,
+                            **kwargs: Any) -> Any:
+        """Create an op, declare unknown inputs external, append it, return its outputs."""
+        inputs = RectifyInputOutput(inputs)
+        for blob in inputs:
+            if not self.BlobIsDefined(blob):
+                if blob.Net() is self:
+                    raise NetError(f"Blob {blob} claims to come from this net but is undefined.")
+                self.AddExternalInput(blob)
+        outputs = RectifyInputOutput(self._auto_outputs(op_type, outputs), net=self)
+        op = CreateOperator(op_type, inputs, outputs, **kwargs)
+        self._ExtendOps([op])
+        operator_tracebacks[self.Name()][len(self._net.op) - 1] = traceback.format_stack()[:-2]
+        refs = [BlobReference(str(o), self) for o in outputs]
+        if not refs:
+            return None
+        return refs[0] if len(refs) == 1 else tuple(refs)
+
+    def _ExtendOps(self, new_ops: Iterable[caffe2_pb2.OperatorDef]) -> None:
+        new_ops = list(new_ops)
+        self._net.op.extend(new_ops)
+        if not self._recreate_lookup_tables:
+            for op in new_ops:
+                self._op_outputs.update(op.output)
+
+    extend_ops = _ExtendOps
+
+    # --- whole-net transformations -----------------------------------------------------
+    def Clone(
+        self,
+        name: str,
+        blob_remap: dict[Any, Any] | None = None,
+        op_id_mask: Sequence[int] | None = None,
+        remap_funcs: dict[str, Callable[..., Any]] | None = None,
+        keep_schema: bool = True,
+        update_external_list: bool = False,
+    ) -> Net:
+        """A copy named ``name`` with blobs renamed through ``blob_remap`` and only the
+        ops of ``op_id_mask`` (in mask order)."""
+        remap = {str(k): str(v) for k, v in (blob_remap or {}).items()}
+
+        def rename(blob: str) -> str:
+            return remap.get(blob, blob)
+
+        proto = caffe2_pb2.NetDef()
+        proto.CopyFrom(self._net)
+        proto.name = name
+        mask = range(len(self._net.op)) if op_id_mask is None else op_id_mask
+        del proto.op[:]
+        for index in mask:
+            op = proto.op.add()
+            op.CopyFrom(self._net.op[index])
+            _rename_op(op, rename)
+            if remap_funcs and op.type in remap_funcs:
+                remap_funcs[op.type](op, "", remap)
+        for field in ("external_input", "external_output"):
+            renamed = [rename(b) for b in getattr(proto, field)]
+            del getattr(proto, field)[:]
+            getattr(proto, field).extend(renamed)
+        if update_external_list:
+            _recompute_externals(proto)
+        new_net = Net(proto, inplace=True)
+        if keep_schema:
+            new_net._input_record = self._input_record
+            new_net._output_record = self._output_record
+        new_net._attr_dict = defaultdict(list, {k: list(v) for k, v in self._attr_dict.items()})
+        return new_net
+
+    def ClonePartial(self, name: str, inputs: Sequence[Any], outputs: Sequence[Any],
+                     remap_funcs: dict[str, Callable[..., Any]] | None = None
+                     ) -> tuple[Net, list[BlobReference]]:
+        """The subgraph computing ``outputs`` from ``inputs``; internal blobs get ``name/``."""
+        from dpgraph.ir.analysis import ops_in_path
+
+        input_names = [str(i) for i in inputs]
+        output_names = [str(o) for o in outputs]
+        op_ids = ops_in_path(self._net.op, input_names, output_names)
+        keep = set(input_names)
+        remap = {}
+        for index in op_ids:
+            op = self._net.op[index]
+            for blob in list(op.input) + list(op.output):
+                if blob not in keep and blob not in self._net.external_input:
+                    remap[blob] = f"{name}/{blob}"
+        for blob in input_names:
+            remap.pop(blob, None)
+        new_net = self.Clone(name, remap, op_ids, remap_funcs)
+        proto = new_net._net
+        del proto.external_input[:]
+        del proto.external_output[:]
+        produced: set[str] = set()
+        needed: list[str] = []
+        for op in proto.op:
+            needed.extend(b for b in op.input if b not in produced and b not in needed)
+            produced.update(op.output)
+        proto.external_input.extend(needed)
+        new_outputs = [remap.get(o, o) for o in output_names]
+        proto.external_output.extend(new_outputs)
+        new_net._recreate_lookup_tables = True
+        return new_net, [new_net.GetBlobRef(o) for o in new_outputs]
+
+    def AppendNet(self, net: Net | caffe2_pb2.NetDef,
+                  device_option: caffe2_pb2.DeviceOption | None = None) -> Net:
+        """Append another net's ops (and its externals this net lacks)."""
+        other = net.Proto() if isinstance(net, Net) else net
+        self._lookup()
+        for blob in other.external_input:
+            if blob not in self._external_input_map and blob not in self._op_outputs:
+                self._net.external_input.append(blob)
+                self._external_input_map.add(blob)
+        for blob in other.external_output:
+            if blob not in self._net.external_output:
+                self._net.external_output.append(blob)
+        new_ops = []
+        for op in other.op:
+            copy = caffe2_pb2.OperatorDef()
+            copy.CopyFrom(op)
+            if device_option is not None:
+                copy.device_option.CopyFrom(device_option)
+            new_ops.append(copy)
+        self._ExtendOps(new_ops)
+        return self
+
+    def AddArgument(self, arg_name: str, arg_value: Any) -> None:
+        self._net.arg.extend([MakeArgument(arg_name, arg_value)])
+
+    def add_attribute(self, name: str, obj: Any) -> None:
+        self._attr_dict[name].append(obj)
+
+    def get_attributes(self, name: str) -> list[Any]:
+        return self._attr_dict.get(name, [])
+
+    def set_rand_seed(self, seed: int = 100, sequence_seed: bool = True,
+                      seed_on_op_def: bool = False) -> None:
+        """Give every op a random seed (the same one, or seed+index with sequence_seed)."""
+        for index, op in enumerate(self._net.op):
+            op.device_option.random_seed = seed + index if sequence_seed else seed
+
+    def Const(self, array: Any, blob_out: Any = None, dtype: Any = None) -> BlobReference:
+        """A fill op holding ``array`` (GivenTensor*Fill, or ConstantFill for a bool)."""
+        if isinstance(array, bool):
+            return self.ConstantFill([], blob_out or 1, dtype=caffe2_pb2.TensorProto.BOOL,
+                                     value=array)
+        array = np.asarray(array, dtype=dtype)
+        fills = {np.dtype(np.int32): "GivenTensorIntFill",
+                 np.dtype(np.int64): "GivenTensorInt64Fill",
+                 np.dtype(np.bool_): "GivenTensorBoolFill"}
+        if array.dtype.kind in "USO":
+            op_type, values = "GivenTensorStringFill", [str(v) for v in array.flatten()]
+        else:
+            op_type = fills.get(array.dtype, "GivenTensorFill")
+            values = array.flatten().tolist()
+            if op_type == "GivenTensorFill":
+                values = [float(v) for v in values]
+        return getattr(self, op_type)([], blob_out or 1, shape=list(array.shape), values=values)
+
+    def RunAllOnGPU(self, gpu_id: int = 0, use_cudnn: bool = False) -> None:
+        """Put the whole net on GPU ``gpu_id`` (and its RecurrentNetwork step nets)."""
+        from dpgraph.ir.device import CUDA
+
+        self._net.device_option.CopyFrom(DeviceOption(CUDA, gpu_id))
+        for op in self._net.op:
+            if use_cudnn:
+                op.engine = "CUDNN"
+            for argument in op.arg:
+                if argument.name == "step_net" and argument.HasField("n"):
+                    argument.n.device_option.CopyFrom(DeviceOption(CUDA, gpu_id))
+
+    def RunAllOnIDEEP(self) -> None:
+        self._net.device_option.CopyFrom(DeviceOption(caffe2_pb2.PROTO_IDEEP))
+
+    def RunAllOnMKL(self) -> None:
+        self._net.device_option.CopyFrom(DeviceOption(caffe2_pb2.PROTO_MKLDNN))
+
+    # --- autodiff ----------------------------------------------------------------------
+    def AddGradientOperators(self, ys: Any, skip: int = 0) -> dict[BlobReference, Any]:
+        """Append the backward pass for ``ys``; return ``{blob: gradient}``."""
+        from dpgraph.autodiff import GetBackwardPass
+
+        grad_ops, input_to_grad = GetBackwardPass(self._net.op[skip:], ys)
+        self._ExtendOps(grad_ops)
+        return input_to_grad
+
+    def DeduplicateGradientSlices(self, g: Any, aggregator: str = "sum") -> Any:
+        """Sum (or average) the values of repeated indices of a GradientSlice."""
+        from dpgraph.ir.blob import GradientSlice
+
+        if aggregator not in ("sum", "mean"):
+            raise NetError(f"Unknown aggregator {aggregator!r}; use 'sum' or 'mean'.")
+        unique, remapping = self.Unique([g.indices], 2)
+        op = "UnsortedSegmentSum" if aggregator == "sum" else "UnsortedSegmentMean"
+        new_values = getattr(self, op)([g.values, remapping], 1)
+        return GradientSlice(indices=unique, values=new_values)
+
+    def IsGPU(self) -> bool:
+        return IsGPUDeviceType(self._net.device_option.device_type)
+
+    @property
+    def name_scope(self) -> str:  # convenience for debugging output
+        return scope.CurrentNameScope()
+
+
+def _rename_op(op: caffe2_pb2.OperatorDef, rename: Callable[[str], str]) -> None:
+    for field in ("input", "output", "control_input"):
+        renamed = [rename(b) for b in getattr(op, field)]
+        del getattr(op, field)[:]
+        getattr(op, field).extend(renamed)
+
+
+def _recompute_externals(proto: caffe2_pb2.NetDef) -> None:
+    produced: set[str] = set()
+    inputs: list[str] = []
+    for op in proto.op:
+        inputs.extend(b for b in op.input if b not in produced and b not in inputs)
+        produced.update(op.output)
+    outputs = [b for b in proto.external_output if b in produced]
+    del proto.external_input[:]
+    proto.external_input.extend(inputs)
+    del proto.external_output[:]
+    proto.external_output.extend(outputs)

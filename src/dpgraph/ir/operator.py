@@ -1,0 +1,87 @@
+"""Operator creation: Caffe2's ``CreateOperator`` and input/output rectification."""
+
+from __future__ import annotations
+
+import os
+import traceback
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from dpgraph.errors import BlobNameError
+from dpgraph.ir import scope
+from dpgraph.ir.arguments import MakeArgument
+from dpgraph.ir.blob import BlobReference, ScopedBlobReference
+from dpgraph.proto import caffe2_pb2
+
+if TYPE_CHECKING:
+    from dpgraph.ir.net import Net
+
+
+def _rectify_one(blob: Any, net: Net | None) -> BlobReference:
+    if type(blob) is BlobReference:
+        return blob
+    if isinstance(blob, (str, bytes)):
+        return ScopedBlobReference(blob, net=net)
+    if isinstance(blob, BlobReference):  # subclasses behave like the exact type
+        return blob
+    raise BlobNameError(
+        f"A blob must be a str, bytes or BlobReference, got {type(blob).__name__} {blob!r}."
+    )
+
+
+def RectifyInputOutput(blobs: Any, net: Net | None = None) -> list[BlobReference]:
+    """Normalise blob arguments: strings get the current name scope, references do not."""
+    if isinstance(blobs, (str, bytes, BlobReference)):
+        return [_rectify_one(blobs, net)]
+    if isinstance(blobs, (list, tuple)):
+        return [_rectify_one(b, net) for b in blobs]
+    raise BlobNameError(
+        f"Blobs must be a str, bytes, BlobReference or a list of them, got "
+        f"{type(blobs).__name__} {blobs!r}."
+    )
+
+
+_RectifyInputOutput = RectifyInputOutput
+
+
+def CreateOperator(
+    operator_type: str,
+    inputs: Any,
+    outputs: Any,
+    name: str = "",
+    control_input: Any = None,
+    device_option: caffe2_pb2.DeviceOption | None = None,
+    arg: Iterable[caffe2_pb2.Argument] | None = None,
+    engine: str | None = None,
+    debug_info: str | None = None,
+    **kwargs: Any,
+) -> caffe2_pb2.OperatorDef:
+    """Build an OperatorDef (not added to any net).
+
+    String blob names get the current name scope; the device option comes from
+    ``device_option`` or the current device scope; ``random_seed`` goes into the device
+    option; ``arg`` protos come first, then one Argument per keyword that is not None.
+    """
+    operator = caffe2_pb2.OperatorDef()
+    if debug_info is not None:
+        operator.debug_info = debug_info
+    elif os.environ.get("CAFFE2_DEBUG"):
+        operator.debug_info = "".join(traceback.format_stack())
+    operator.type = operator_type
+    operator.name = name
+    operator.input.extend(str(i) for i in RectifyInputOutput(inputs))
+    operator.output.extend(str(o) for o in RectifyInputOutput(outputs))
+    if control_input:
+        operator.control_input.extend(str(i) for i in RectifyInputOutput(control_input))
+    if device_option is not None:
+        operator.device_option.CopyFrom(device_option)
+    elif scope.CurrentDeviceScope() is not None:
+        operator.device_option.CopyFrom(scope.CurrentDeviceScope())
+    if engine is not None:
+        operator.engine = engine
+    if "random_seed" in kwargs:
+        operator.device_option.random_seed = kwargs.pop("random_seed")
+    if arg is not None:
+        operator.arg.extend(arg)
+    operator.arg.extend(MakeArgument(k, v) for k, v in kwargs.items() if v is not None)
+    return operator

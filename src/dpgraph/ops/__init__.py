@@ -1,0 +1,18 @@
+"""Operator families: each module registers schemas, numpy kernels and gradient makers.
+
+Importing this package registers every op dpgraph implements.
+"""
+
+import importlib
+
+_FAMILIES = (
+    "fill", "math", "activation", "nn", "norm", "loss", "shape", "utility", "optim",
+    "sparse", "queue", "device_copy", "collective", "distributed",
+)
+
+for _family in _FAMILIES:
+    try:
+        importlib.import_module(f"dpgraph.ops.{_family}")
+    except ModuleNotFoundError as _error:  # a family still being written
+        if _error.name != f"dpgraph.ops.{_family}":
+            raise
