@@ -108,6 +108,10 @@ class HelperError(ModelError, AttributeError):
     """A brew helper is unknown or registered twice."""
 
 
+class ModelConfigError(ModelError, ValueError):
+    """A model or helper got an invalid setting (storage order, dims, shapes)."""
+
+
 class ParallelizeError(DpgraphError, AssertionError):
     """Parallelize was called with inconsistent arguments or a graph it cannot replicate."""
 

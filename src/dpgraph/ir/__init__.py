@@ -11,3 +11,8 @@ __all__ = [
     "Net", "OPERATORS", "OpSchema", "ScopedBlobReference", "ScopedName",
     "device_option_equal", "register_gradient", "register_op",
 ]
+
+from dpgraph.ir.text import format_net, parse_net  # noqa: E402
+from dpgraph.ir.verify import verify, verify_problems  # noqa: E402
+
+__all__ += ["format_net", "parse_net", "verify", "verify_problems"]

@@ -224,13 +224,13 @@ class Net:
                             **kwargs: Any) -> Any:
         """Create an op, declare unknown inputs external, append it, return its outputs."""
         inputs = RectifyInputOutput(inputs)
+        outputs = RectifyInputOutput(self._auto_outputs(op_type, outputs), net=self)
+        op = CreateOperator(op_type, inputs, outputs, **kwargs)  # may raise: nothing changed yet
         for blob in inputs:
             if not self.BlobIsDefined(blob):
                 if blob.Net() is self:
                     raise NetError(f"Blob {blob} claims to come from this net but is undefined.")
                 self.AddExternalInput(blob)
-        outputs = RectifyInputOutput(self._auto_outputs(op_type, outputs), net=self)
-        op = CreateOperator(op_type, inputs, outputs, **kwargs)
         self._ExtendOps([op])
         operator_tracebacks[self.Name()][len(self._net.op) - 1] = traceback.format_stack()[:-2]
         refs = [BlobReference(str(o), self) for o in outputs]

@@ -1,0 +1,298 @@
+"""The collective backend protocol and the logic every backend shares.
+
+A :class:`Backend` instance is one *common world*: a group of ``size`` ranks (processes or
+hosts), of which this process is ``rank``.  Every collective takes the copies of one logical
+blob held on this process's local devices (``buffers``: numpy arrays, or CuPy arrays on real
+GPUs), reduces them locally, runs the collective across ranks, and leaves the result in every
+local copy, in place.  Every collective takes a ``timeout`` in seconds (``None``: the common
+world's own); a peer that dies or never arrives raises
+:class:`~dpgraph.errors.CollectiveTimeoutError` instead of hanging.
+
+Collectives on one common world must be issued in the same order on every rank; a lock keeps
+two threads of one process from interleaving on the same world.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol, TypeVar, runtime_checkable
+
+import numpy as np
+
+from dpgraph.errors import CollectiveError, CollectiveTimeoutError
+
+T = TypeVar("T")
+
+DEFAULT_TIMEOUT_SEC = 30.0
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """One common world of a collective backend.
+
+    Attributes:
+        backend: the backend's registry name (``"cpu"``, ``"gloo"``, ``"nccl"``).
+        engine: the graph engine it serves (``"CPU"``, ``"GLOO"``, ``"NCCL"``).
+        name: the common world's name (its blob name in the graph).
+        rank, size: this process's rank and the number of ranks.
+        timeout: default timeout of every collective, in seconds.
+    """
+
+    backend: str
+    engine: str
+    name: str
+    rank: int
+    size: int
+    timeout: float
+
+    def allreduce(self, buffers: Sequence[Any], timeout: float | None = None) -> list[Any]:
+        """Sum over every local copy and every rank, into every copy."""
+
+    def broadcast(self, buffers: Sequence[Any], root: int = 0,
+                  timeout: float | None = None) -> list[Any]:
+        """Copy the first local copy of rank ``root`` into every copy of every rank."""
+
+    def reduce(self, buffers: Sequence[Any], root: int = 0,
+               timeout: float | None = None) -> list[Any]:
+        """Sum into every local copy of rank ``root``; other ranks' copies are left alone."""
+
+    def allgather(self, buffers: Sequence[Any], timeout: float | None = None) -> Any:
+        """Stack every local copy of every rank: shape ``(size * len(buffers), *shape)``."""
+
+    def reduce_scatter(self, buffers: Sequence[Any], timeout: float | None = None) -> list[Any]:
+        """The sum (as allreduce), of which each rank keeps its share of the first axis."""
+
+    def barrier(self, timeout: float | None = None) -> None:
+        """Return once every rank reached the barrier."""
+
+    def clone(self, name: str) -> Backend:
+        """A new, independent common world with the same ranks."""
+
+    def close(self) -> None:
+        """Release the world's resources; later collectives raise."""
+
+
+# --- helpers on local device copies ---------------------------------------------------------
+def is_host_array(value: Any) -> bool:
+    return isinstance(value, np.ndarray)
+
+
+def to_host(value: Any) -> np.ndarray:
+    """A numpy view or copy of ``value`` (numpy, CuPy or anything array-like)."""
+    if isinstance(value, np.ndarray):
+        return value
+    get = getattr(value, "get", None)
+    if callable(get) and hasattr(value, "__cuda_array_interface__"):
+        return np.asarray(get())
+    return np.asarray(value)
+
+
+def copy_into(dst: Any, src: Any) -> None:
+    """Write ``src`` into the existing buffer ``dst`` (host or device)."""
+    if dst is src:
+        return
+    if isinstance(dst, np.ndarray):
+        np.copyto(dst, to_host(src), casting="no")
+    else:  # a CuPy array: ``set`` uploads from the host, ``[...] =`` copies between devices
+        if isinstance(src, np.ndarray):
+            dst.set(src)
+        else:
+            dst[...] = src
+
+
+def local_sum(buffers: Sequence[Any]) -> np.ndarray:
+    """The sum of the local copies, in place in the first one when it is a host array."""
+    first = buffers[0]
+    if isinstance(first, np.ndarray):
+        for other in buffers[1:]:
+            np.add(first, to_host(other), out=first)
+        return first
+    total = to_host(first).copy()
+    for other in buffers[1:]:
+        np.add(total, to_host(other), out=total)
+    return total
+
+
+def check_buffers(buffers: Sequence[Any], what: str) -> None:
+    """Every local copy must exist and agree in shape and dtype."""
+    if not buffers:
+        raise CollectiveError(f"{what}: no buffers given; pass at least one local copy.")
+    shape, dtype = tuple(buffers[0].shape), buffers[0].dtype
+    for index, other in enumerate(buffers[1:], start=1):
+        if tuple(other.shape) != shape or other.dtype != dtype:
+            raise CollectiveError(
+                f"{what}: local copy {index} has shape {tuple(other.shape)} and dtype "
+                f"{other.dtype}, copy 0 has {shape} and {dtype}; every device copy of a blob "
+                "must match.")
+
+
+class BaseBackend(ABC):
+    """Shared logic: local reduction, host staging, ordering lock and error wrapping.
+
+    Subclasses implement the cross-rank part on one contiguous host buffer
+    (``_allreduce_host`` and friends); with ``size == 1`` those are never called.
+    """
+
+    backend = "base"
+
+    def __init__(self, name: str, rank: int, size: int, timeout: float = DEFAULT_TIMEOUT_SEC,
+                 engine: str = "") -> None:
+        self.name = name
+        self.rank = rank
+        self.size = size
+        self.timeout = float(timeout)
+        self.engine = engine or self.backend.upper()
+        self.closed = False
+        self.sequence = 0  # collectives issued so far, for error messages
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return (f"<{type(self).__name__} {self.name!r} rank {self.rank}/{self.size}, "
+                f"timeout {self.timeout:g}s>")
+
+    # --- public collectives ------------------------------------------------------------
+    def allreduce(self, buffers: Sequence[Any], timeout: float | None = None) -> list[Any]:
+        buffers = list(buffers)
+        check_buffers(buffers, self._what("allreduce"))
+        total = self._contiguous(local_sum(buffers))
+        if self.size > 1 and total.size:
+            self._run("allreduce", timeout, lambda t: self._allreduce_host(total, t))
+        self._scatter_local(buffers, total)
+        return buffers
+
+    def broadcast(self, buffers: Sequence[Any], root: int = 0,
+                  timeout: float | None = None) -> list[Any]:
+        buffers = list(buffers)
+        check_buffers(buffers, self._what("broadcast"))
+        self._check_root(root, "broadcast")
+        host = to_host(buffers[0])
+        if self.size > 1 and host.size:
+            host = self._contiguous(host)
+            self._run("broadcast", timeout, lambda t: self._broadcast_host(host, root, t))
+        self._scatter_local(buffers, host)
+        return buffers
+
+    def reduce(self, buffers: Sequence[Any], root: int = 0,
+               timeout: float | None = None) -> list[Any]:
+        buffers = list(buffers)
+        check_buffers(buffers, self._what("reduce"))
+        self._check_root(root, "reduce")
+        if self.rank != root:  # the local sum must not clobber a non-root's copies
+            total = local_sum([to_host(buffers[0]).copy(), *buffers[1:]])
+        else:
+            total = self._contiguous(local_sum(buffers))
+        if self.size > 1 and total.size:
+            self._run("reduce", timeout, lambda t: self._reduce_host(total, root, t))
+        if self.rank == root:
+            self._scatter_local(buffers, total)
+        return buffers
+
+    def allgather(self, buffers: Sequence[Any], timeout: float | None = None) -> np.ndarray:
+        buffers = list(buffers)
+        check_buffers(buffers, self._what("allgather"))
+        local = np.stack([to_host(b) for b in buffers])
+        if self.size == 1:
+            return local
+        gathered = np.empty((self.size, *local.shape), dtype=local.dtype)
+        if local.size:
+            self._run("allgather", timeout, lambda t: self._allgather_host(local, gathered, t))
+        return gathered.reshape((self.size * len(buffers), *local.shape[1:]))
+
+    def reduce_scatter(self, buffers: Sequence[Any], timeout: float | None = None) -> list[Any]:
+        buffers = list(buffers)
+        check_buffers(buffers, self._what("reduce_scatter"))
+        rows = buffers[0].shape[0] if buffers[0].ndim else 0
+        if rows % self.size:
+            raise CollectiveError(
+                f"{self._what('reduce_scatter')}: the first axis ({rows}) must divide evenly "
+                f"over {self.size} ranks; pad the blob.")
+        total = local_sum([to_host(buffers[0]).copy(), *buffers[1:]])
+        if self.size > 1 and total.size:
+            self._run("reduce_scatter", timeout,
+                      lambda t: self._reduce_scatter_host(total, t))
+        share = rows // self.size
+        mine = total[self.rank * share:(self.rank + 1) * share]
+        return [np.array(mine) for _ in buffers]
+
+    def barrier(self, timeout: float | None = None) -> None:
+        if self.size > 1:
+            self._run("barrier", timeout, self._barrier)
+        elif self.closed:
+            raise CollectiveError(f"{self._what('barrier')}: the common world was destroyed.")
+
+    def clone(self, name: str) -> BaseBackend:
+        raise CollectiveError(f"{self._what('clone')}: not supported by {self.backend}.")
+
+    def close(self) -> None:
+        self.closed = True
+
+    # --- cross-rank parts, on one contiguous host buffer ----------------------------------
+    @abstractmethod
+    def _allreduce_host(self, buffer: np.ndarray, timeout: float) -> None: ...
+
+    @abstractmethod
+    def _broadcast_host(self, buffer: np.ndarray, root: int, timeout: float) -> None: ...
+
+    @abstractmethod
+    def _reduce_host(self, buffer: np.ndarray, root: int, timeout: float) -> None: ...
+
+    @abstractmethod
+    def _allgather_host(self, local: np.ndarray, out: np.ndarray, timeout: float) -> None: ...
+
+    def _reduce_scatter_host(self, buffer: np.ndarray, timeout: float) -> None:
+        self._allreduce_host(buffer, timeout)
+
+    @abstractmethod
+    def _barrier(self, timeout: float) -> None: ...
+
+    # --- shared plumbing ---------------------------------------------------------------
+    def _what(self, op: str) -> str:
+        return (f"{op} on common world {self.name!r} ({self.backend}, rank {self.rank} of "
+                f"{self.size})")
+
+    def _check_root(self, root: int, op: str) -> None:
+        if not 0 <= root < self.size:
+            raise CollectiveError(
+                f"{self._what(op)}: root {root} is not a rank of this world (0..{self.size - 1}).")
+
+    @staticmethod
+    def _contiguous(array: np.ndarray) -> np.ndarray:
+        if array.flags.c_contiguous and array.flags.writeable:
+            return array
+        return np.ascontiguousarray(array).copy()
+
+    def _scatter_local(self, buffers: Sequence[Any], result: np.ndarray) -> None:
+        for buffer in buffers:
+            copy_into(buffer, result)
+
+    def _run(self, op: str, timeout: float | None, fn: Callable[[float], T]) -> T:
+        """Run one cross-rank step under the world's lock, translating failures."""
+        if self.closed:
+            raise CollectiveError(f"{self._what(op)}: the common world was destroyed; "
+                                  "create it again with CreateCommonWorld.")
+        limit = self.timeout if timeout is None or timeout <= 0 else float(timeout)
+        with self._lock:
+            self.sequence += 1
+            start = time.monotonic()
+            try:
+                return fn(limit)
+            except CollectiveError:
+                raise
+            except Exception as error:  # the backend's own failure: a peer is gone or late
+                raise self.timeout_error(op, limit, time.monotonic() - start, error) from error
+
+    def missing_ranks(self) -> str:
+        """What is known about which ranks did not arrive (backends may refine this)."""
+        return "which ranks did not arrive is unknown"
+
+    def timeout_error(self, op: str, limit: float, elapsed: float,
+                      cause: BaseException | None) -> CollectiveTimeoutError:
+        reason = f" Cause: {cause}" if cause is not None else ""
+        return CollectiveTimeoutError(
+            f"{self._what(op)}, collective #{self.sequence}, failed after {elapsed:.1f}s "
+            f"(timeout {limit:g}s): {self.missing_ranks()}. A peer died, never joined, or runs "
+            f"a different sequence of collectives on this world; check the other ranks' logs, "
+            f"or raise timeout_ms.{reason}")

@@ -1,0 +1,115 @@
+"""The net verifier: ``dpgraph.ir.verify(net)``.
+
+Checks, reporting every problem at once (op index, type and blob in each message):
+
+- unknown op types and arity outside the op's schema;
+- inputs read before any op writes them and that are not external inputs (only when the net
+  declares external inputs, as Caffe2's net creation does), and undefined external outputs;
+- an op on one device touching a blob in another device's name scope (``gpu_1/...`` read by
+  an op on ``gpu_0``), except for ops allowed to cross devices (copies, collectives,
+  Concat, and Parallelize's ``dpm`` Sum).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from typing import Any
+
+from dpgraph.errors import VerificationError
+from dpgraph.ir.device import device_key, device_name, effective_device
+from dpgraph.ir.registry import OPERATORS
+from dpgraph.proto import caffe2_pb2
+
+_DEVICE_SCOPE = re.compile(r"^(cpu|gpu|ideep)_(\d+)/")
+_PREFIX_TYPES = {"cpu": (0,), "gpu": (1, 6), "ideep": (5,)}
+_CROSS_DEVICE_TYPES = frozenset({"Concat", "Copy", "CopyGPUToCPU", "CopyCPUToGPU",
+                                 "EnsureCPUOutput", "CopyFromCPUInput"})
+
+
+def _proto(net: Any) -> caffe2_pb2.NetDef:
+    return net.Proto() if hasattr(net, "Proto") else net
+
+
+def _where(index: int, op: caffe2_pb2.OperatorDef) -> str:
+    return f"op {index} ({op.type})"
+
+
+def _schema_problems(index: int, op: caffe2_pb2.OperatorDef) -> list[str]:
+    schema = OPERATORS.get(op.type)
+    if schema is None:
+        return [f"{_where(index, op)}: unknown operator type {op.type!r}"]
+    problem = schema.check_arity(len(op.input), len(op.output))
+    return [f"{_where(index, op)}: {problem}"] if problem else []
+
+
+def _definition_problems(proto: caffe2_pb2.NetDef, known: set[str]) -> list[str]:
+    problems = []
+    defined = set(proto.external_input) | known
+    check_inputs = bool(proto.external_input)
+    for index, op in enumerate(proto.op):
+        if check_inputs:
+            problems.extend(
+                f"{_where(index, op)}: input {blob!r} is not an external input and no earlier "
+                "op produces it" for blob in op.input if blob not in defined)
+        defined.update(op.output)
+    problems.extend(f"external output {blob!r} is never produced"
+                    for blob in proto.external_output if blob not in defined)
+    return problems
+
+
+def _crosses_devices(op: caffe2_pb2.OperatorDef) -> bool:
+    schema = OPERATORS.get(op.type)
+    if schema is not None and schema.cross_device:
+        return True
+    return op.type in _CROSS_DEVICE_TYPES or (op.type == "Sum" and op.name == "dpm")
+
+
+def blob_device_scope(blob: str) -> tuple[str, int] | None:
+    """``('gpu', 1)`` for ``gpu_1/fc_w``; ``None`` for an unscoped blob."""
+    match = _DEVICE_SCOPE.match(blob)
+    return (match.group(1), int(match.group(2))) if match else None
+
+
+def _device_problems(proto: caffe2_pb2.NetDef) -> list[str]:
+    default = proto.device_option if proto.HasField("device_option") else None
+    problems = []
+    for index, op in enumerate(proto.op):
+        if _crosses_devices(op):
+            continue
+        device = effective_device(op, default)
+        device_type, device_id = device_key(device)
+        for blob in list(op.input) + list(op.output):
+            scope = blob_device_scope(blob)
+            if scope is None:
+                continue
+            prefix, scope_id = scope
+            if device_type in _PREFIX_TYPES[prefix] and scope_id != device_id:
+                problems.append(
+                    f"{_where(index, op)} on {device_name(device)} touches blob {blob!r} of "
+                    f"device {prefix}_{scope_id}; copy it with a Copy op instead")
+    return problems
+
+
+def verify_problems(net: Any, known_blobs: Iterable[str] = ()) -> list[str]:
+    """Every problem found in ``net`` (a Net or NetDef), as readable strings."""
+    proto = _proto(net)
+    problems: list[str] = []
+    for index, op in enumerate(proto.op):
+        problems.extend(_schema_problems(index, op))
+    problems.extend(_definition_problems(proto, set(known_blobs)))
+    problems.extend(_device_problems(proto))
+    return problems
+
+
+def verify(net: Any, known_blobs: Iterable[str] = ()) -> None:
+    """Raise :class:`~dpgraph.errors.VerificationError` listing every problem in ``net``.
+
+    ``known_blobs`` are blobs that exist before the net runs (e.g. filled by an init net).
+    """
+    problems = verify_problems(net, known_blobs)
+    if problems:
+        name = _proto(net).name or "<unnamed>"
+        listing = "\n  ".join(problems)
+        raise VerificationError(f"net {name!r} has {len(problems)} problem(s):\n  {listing}",
+                                problems)

@@ -1,0 +1,823 @@
+"""Elementwise math: binary arithmetic with Caffe2 broadcasting, unary functions, N-ary
+Sum/Max/Min/Mean, comparisons and logic, Clip, and a few small utilities.
+
+Binary ops follow Caffe2: with ``broadcast=1`` the legacy form applies (B's shape is matched
+against A's dims starting at ``axis``; ``axis=-1`` aligns B to the end; the output has A's
+shape); without it, numpy's multidirectional broadcasting is used.  Gradient makers are
+Caffe2's: Add passes the gradient through, Sub adds ``Negative``, Mul uses two ``Mul`` ops and,
+under ``broadcast``, ``SumReduceLike`` reduces B's gradient to B's shape.  Without
+``broadcast`` the gradients assume equal shapes, as in Caffe2.  Reductions (SumElements,
+Reduce*, ReduceFront*/ReduceBack*, RowwiseMax/ColwiseMax) are at the end.
+"""
+
+from __future__ import annotations
+
+import math as _pymath
+from collections.abc import Callable, Sequence
+from functools import reduce
+from typing import Any
+
+import numpy as np
+
+from dpgraph.errors import ArgumentError, GradientError
+from dpgraph.ir.arguments import MakeArgument, arguments_dict
+from dpgraph.ir.registry import register_gradient, register_op
+from dpgraph.ops.context import OpContext, Outputs
+from dpgraph.ops.fill import DataType, caffe2_dtype
+from dpgraph.ops.gradient_builder import GradientBuilder
+from dpgraph.proto import caffe2_pb2
+
+ShapeResult = list[Any]
+
+
+# --- shape functions ---------------------------------------------------------------------
+def same_as_input(index: int = 0, dtype: int | None = None) -> Callable[..., ShapeResult]:
+    """``shape=`` function: every output has input ``index``'s shape (and type)."""
+
+    def infer(op: caffe2_pb2.OperatorDef, in_shapes: Sequence[Any],
+              in_types: Sequence[Any]) -> ShapeResult:
+        if index >= len(in_shapes) or in_shapes[index] is None:
+            return [None] * len(op.output)
+        kind = in_types[index] if dtype is None else dtype
+        return [(tuple(in_shapes[index]), kind)] * len(op.output)
+
+    return infer
+
+
+def _binary_infer(dtype: int | None = None) -> Callable[..., ShapeResult]:
+    def infer(op: caffe2_pb2.OperatorDef, in_shapes: Sequence[Any],
+              in_types: Sequence[Any]) -> ShapeResult:
+        if in_shapes[0] is None or in_shapes[1] is None:
+            return [None]
+        args = arguments_dict(op.arg)
+        if args.get("broadcast"):
+            shape = tuple(in_shapes[0])
+        else:
+            shape = tuple(np.broadcast_shapes(tuple(in_shapes[0]), tuple(in_shapes[1])))
+        return [(shape, in_types[0] if dtype is None else dtype)]
+
+    return infer
+
+
+# --- broadcasting ------------------------------------------------------------------------
+def legacy_axis(ctx_args: dict[str, Any], a_ndim: int, b_ndim: int) -> int:
+    """Where B's first dim sits in A for Caffe2's ``broadcast=1`` form."""
+    axis_str = ctx_args.get("axis_str", "") or ""
+    if axis_str:
+        order = ctx_args.get("order", "NCHW") or "NCHW"
+        if len(axis_str) != 1 or axis_str not in order:
+            raise ArgumentError(f"axis_str {axis_str!r} must be one letter of order {order!r}")
+        axis = order.index(axis_str)
+    else:
+        axis = int(ctx_args.get("axis", -1))
+    if axis == -1:
+        axis = a_ndim - b_ndim
+    if not 0 <= axis <= a_ndim - b_ndim:
+        raise ArgumentError(f"broadcast axis {axis} does not fit B of rank {b_ndim} in A of "
+                            f"rank {a_ndim}; use 0 <= axis <= {a_ndim - b_ndim}")
+    return axis
+
+
+def legacy_shape(args: dict[str, Any], a_shape: Sequence[int], b_shape: Sequence[int]
+                 ) -> tuple[int, ...]:
+    """B's shape padded with 1s to A's rank, aligned at the legacy broadcast axis."""
+    axis = legacy_axis(args, len(a_shape), len(b_shape))
+    padded = (1,) * axis + tuple(b_shape) + (1,) * (len(a_shape) - axis - len(b_shape))
+    for a_dim, b_dim in zip(a_shape, padded):
+        if b_dim not in (1, a_dim):
+            raise ArgumentError(f"broadcast dimension mismatch: B {tuple(b_shape)} at axis "
+                                f"{axis} against A {tuple(a_shape)}")
+    return padded
+
+
+def binary_operands(ctx: OpContext) -> tuple[Any, Any]:
+    """(A, B), with B reshaped for the legacy ``broadcast=1`` form when it is set."""
+    a, b = ctx.inputs[0], ctx.inputs[1]
+    if ctx.int_arg("broadcast", 0):
+        if np.ndim(b) > np.ndim(a):
+            raise ctx.fail(f"with broadcast=1, B (rank {np.ndim(b)}) cannot have a higher "
+                           f"rank than A (rank {np.ndim(a)})")
+        try:
+            b = ctx.xp.reshape(b, legacy_shape(ctx.args, np.shape(a), np.shape(b)))
+        except ArgumentError as error:
+            raise ctx.fail(str(error)) from None
+    return a, b
+
+
+def reduce_to_shape(xp: Any, grad: Any, shape: Sequence[int]) -> Any:
+    """Sum ``grad`` over the dims numpy broadcasting expanded to reach it from ``shape``."""
+    shape = tuple(shape)
+    lead = grad.ndim - len(shape)
+    axes = tuple(range(lead)) + tuple(
+        lead + i for i, dim in enumerate(shape) if dim == 1 and grad.shape[lead + i] != 1)
+    if axes:
+        grad = xp.sum(grad, axis=axes, keepdims=True)
+    return xp.reshape(grad, shape)
+
+
+def as_dtype(xp: Any, value: Any, dtype: Any) -> Any:
+    """``value`` as an array of ``dtype`` (0-d results stay arrays)."""
+    out = xp.asarray(value)
+    return out if out.dtype == dtype else out.astype(dtype)
+
+
+# --- binary arithmetic -------------------------------------------------------------------
+def _int_divide(xp: Any, a: Any, b: Any) -> Any:
+    quotient = xp.floor_divide(a, b)
+    # C++ integer division truncates towards zero.
+    return quotient + ((quotient < 0) & (quotient * b != a))
+
+
+_ARITHMETIC: dict[str, Callable[[Any, Any, Any], Any]] = {
+    "Add": lambda xp, a, b: xp.add(a, b),
+    "Sub": lambda xp, a, b: xp.subtract(a, b),
+    "Mul": lambda xp, a, b: xp.multiply(a, b),
+    "Div": lambda xp, a, b: (_int_divide(xp, a, b) if np.dtype(a.dtype).kind in "iu"
+                             else xp.divide(a, b)),
+}
+
+
+def _register_arithmetic(op_type: str, fn: Callable[[Any, Any, Any], Any]) -> None:
+    def kernel(ctx: OpContext) -> Outputs:
+        a, b = binary_operands(ctx)
+        return (as_dtype(ctx.xp, fn(ctx.xp, ctx.xp.asarray(a), ctx.xp.asarray(b)),
+                         ctx.xp.asarray(a).dtype),)
+
+    kernel.__doc__ = f"C = A {op_type} B, elementwise, with Caffe2 broadcasting."
+    register_op(op_type, inputs=2, outputs=1, inplace=[(0, 0), (1, 0)],
+                shape=_binary_infer())(kernel)
+
+
+for _type, _fn in _ARITHMETIC.items():
+    _register_arithmetic(_type, _fn)
+
+
+def broadcast_arguments(g: GradientBuilder, with_broadcast: bool = True
+                        ) -> list[caffe2_pb2.Argument]:
+    """The forward op's broadcast, axis, axis_str and order arguments, with Caffe2's defaults."""
+    defaults: list[tuple[str, Any]] = [("axis", -1), ("axis_str", ""), ("order", "NCHW")]
+    if with_broadcast:
+        defaults.insert(0, ("broadcast", 0))
+    result = []
+    for name, default in defaults:
+        found = [a for a in g.op.arg if a.name == name]
+        result.append(found[-1] if found else MakeArgument(name, default))
+    return result
+
+
+def _add_with_args(g: GradientBuilder, op_type: str, inputs: list[str], outputs: list[str],
+                   args: Sequence[caffe2_pb2.Argument], name: str = "") -> None:
+    op = g.add(op_type, inputs, outputs)
+    op.arg.extend(args)
+    if name:
+        op.name = name
+
+
+def _has_arg(g: GradientBuilder, name: str) -> bool:
+    return any(a.name == name for a in g.op.arg)
+
+
+@register_gradient("Add")
+def _add_gradient(g: GradientBuilder) -> None:
+    g.set_input_grad(0, g.GO(0))
+    if not _has_arg(g, "broadcast"):
+        g.set_input_grad(1, g.GO(0))
+        return
+    g.add("SumReduceLike", [g.GO(0), g.I(1)], [g.GI(1)])
+
+
+@register_gradient("Sub", copy_arguments=False)
+def _sub_gradient(g: GradientBuilder) -> None:
+    g.set_input_grad(0, g.GO(0))
+    if not _has_arg(g, "broadcast"):
+        g.add("Negative", [g.GO(0)], [g.GI(1)])
+        return
+    pre = g.GI(1) + "_autogen_pre_red"
+    g.add("Negative", [g.GO(0)], [pre])
+    _add_with_args(g, "SumReduceLike", [pre, g.I(1)], [g.GI(1)], broadcast_arguments(g, False))
+
+
+@register_gradient("Mul", copy_arguments=False)
+def _mul_gradient(g: GradientBuilder) -> None:
+    if g.O(0) in (g.I(0), g.I(1)):
+        raise GradientError(f"Gradient computation cannot be carried out if Mul uses in-place "
+                            f"computation: inputs {list(g.op.input)}, output {g.O(0)!r}.")
+    if not _has_arg(g, "broadcast"):
+        g.add("Mul", [g.GO(0), g.I(1)], [g.GI(0)])
+        g.add("Mul", [g.GO(0), g.I(0)], [g.GI(1)])
+        return
+    args = broadcast_arguments(g)
+    pre = g.GI(1) + "_autogen_pre_red"
+    _add_with_args(g, "Mul", [g.GO(0), g.I(1)], [g.GI(0)], args, "mul_grad_1st_op")
+    _add_with_args(g, "Mul", [g.GO(0), g.I(0)], [pre], [], "mul_gradient_2nd_op")
+    _add_with_args(g, "SumReduceLike", [pre, g.I(1)], [g.GI(1)], args[1:],
+                   "mul_with_broadcast_grad_3")
+
+
+@register_gradient("Div")
+def _div_gradient(g: GradientBuilder) -> None:
+    if _has_arg(g, "broadcast"):
+        raise GradientError(f"Div {list(g.op.input)} -> {list(g.op.output)}: the gradient of "
+                            "Div with broadcasting is not supported (as in Caffe2); expand B "
+                            "to A's shape first.")
+    g.add("DivGradient", [g.I(1), g.O(0), g.GO(0)], [g.GI(0), g.GI(1)])
+
+
+@register_op("DivGradient", inputs=3, outputs=2)
+def div_gradient(ctx: OpContext) -> Outputs:
+    """[B, C, dC] -> [dA = dC / B, dB = -dC * C / B]."""
+    b, c, dc = ctx.inputs
+    da = as_dtype(ctx.xp, dc / b, dc.dtype)
+    return (da, as_dtype(ctx.xp, -da * c, dc.dtype))
+
+
+@register_op("SumReduceLike", inputs=2, outputs=1, shape=same_as_input(1))
+def sum_reduce_like(ctx: OpContext) -> Outputs:
+    """Sum A down to B's shape, B aligned to A as in ``broadcast=1`` (axis, axis_str)."""
+    a, b = ctx.inputs
+    if np.size(b) == 1:
+        return (ctx.xp.reshape(ctx.xp.sum(a), np.shape(b)).astype(a.dtype),)
+    try:
+        padded = legacy_shape(ctx.args, np.shape(a), np.shape(b))
+    except ArgumentError as error:
+        raise ctx.fail(str(error)) from None
+    out = reduce_to_shape(ctx.xp, a, padded)
+    return (ctx.xp.reshape(out, np.shape(b)),)
+
+
+def _late_binary_gradient(op_type: str) -> None:
+    """Caffe2's later ``<Op>Gradient([dC, A, B]) -> [dA, dB]`` form, for imported nets."""
+
+    def kernel(ctx: OpContext) -> Outputs:
+        dc, a, b = (ctx.xp.asarray(v) for v in ctx.inputs[:3])
+        b_view = ctx.xp.reshape(b, binary_operands_shape(ctx, a, b))
+        if op_type == "AddGradient":
+            da, db = dc, dc
+        elif op_type == "SubGradient":
+            da, db = dc, -dc
+        else:
+            da, db = dc * b_view, dc * a
+        da = reduce_to_shape(ctx.xp, ctx.xp.broadcast_to(da, dc.shape), a.shape)
+        db = reduce_to_shape(ctx.xp, ctx.xp.broadcast_to(db, dc.shape), b_view.shape)
+        return (da.astype(dc.dtype), ctx.xp.reshape(db, b.shape).astype(dc.dtype))
+
+    kernel.__doc__ = f"[dC, A, B] -> [dA, dB] for {op_type[:-8]} (broadcast-aware)."
+    register_op(op_type, inputs=3, outputs=2)(kernel)
+
+
+def binary_operands_shape(ctx: OpContext, a: Any, b: Any) -> tuple[int, ...]:
+    """B's shape as the forward kernel saw it (legacy padding under ``broadcast=1``)."""
+    if ctx.int_arg("broadcast", 0):
+        return legacy_shape(ctx.args, a.shape, b.shape)
+    return tuple(b.shape)
+
+
+for _type in ("AddGradient", "SubGradient", "MulGradient"):
+    _late_binary_gradient(_type)
+
+
+# --- comparisons and logic ---------------------------------------------------------------
+_COMPARE: dict[str, Callable[[Any, Any, Any], Any]] = {
+    "EQ": lambda xp, a, b: xp.equal(a, b), "NE": lambda xp, a, b: xp.not_equal(a, b),
+    "LT": lambda xp, a, b: xp.less(a, b), "LE": lambda xp, a, b: xp.less_equal(a, b),
+    "GT": lambda xp, a, b: xp.greater(a, b), "GE": lambda xp, a, b: xp.greater_equal(a, b),
+    "And": lambda xp, a, b: xp.logical_and(a, b), "Or": lambda xp, a, b: xp.logical_or(a, b),
+    "Xor": lambda xp, a, b: xp.logical_xor(a, b),
+}
+
+
+def _register_compare(op_type: str, fn: Callable[[Any, Any, Any], Any]) -> None:
+    def kernel(ctx: OpContext) -> Outputs:
+        a, b = binary_operands(ctx)
+        return (ctx.xp.asarray(fn(ctx.xp, a, b)),)
+
+    kernel.__doc__ = f"C = {op_type}(A, B) as bool, with Caffe2 broadcasting."
+    inplace = [(0, 0)] if op_type in ("And", "Or", "Xor") else []
+    register_op(op_type, inputs=2, outputs=1, inplace=inplace,
+                shape=_binary_infer(DataType.BOOL))(kernel)
+
+
+for _type, _fn in _COMPARE.items():
+    _register_compare(_type, _fn)
+
+
+@register_op("Not", inputs=1, outputs=1, shape=same_as_input(0, DataType.BOOL))
+def not_op(ctx: OpContext) -> Outputs:
+    """Y = not X (bool)."""
+    return (ctx.xp.logical_not(ctx.inputs[0]),)
+
+
+# --- unary functions ---------------------------------------------------------------------
+def _erf(xp: Any, x: Any) -> Any:
+    try:
+        from scipy.special import erf
+    except ImportError:  # scipy is optional: fall back to the math module
+        erf = np.vectorize(_pymath.erf, otypes=[np.float64])
+    host = x.get() if xp is not np else x
+    return xp.asarray(erf(host))
+
+
+def _erf_grad(xp: Any, x: Any) -> Any:
+    return 2.0 / np.sqrt(np.pi) * xp.exp(-x * x)
+
+
+_UNARY: dict[str, Callable[[Any, Any], Any]] = {
+    "Exp": lambda xp, x: xp.exp(x), "Log": lambda xp, x: xp.log(x),
+    "Sqrt": lambda xp, x: xp.sqrt(x), "Abs": lambda xp, x: xp.abs(x),
+    "Negative": lambda xp, x: xp.negative(x), "Sign": lambda xp, x: xp.sign(x),
+    "Ceil": lambda xp, x: xp.ceil(x), "Floor": lambda xp, x: xp.floor(x),
+    "Sqr": lambda xp, x: xp.multiply(x, x), "Erf": _erf,
+    "Cos": lambda xp, x: xp.cos(x), "Sin": lambda xp, x: xp.sin(x),
+    "Tan": lambda xp, x: xp.tan(x), "Acos": lambda xp, x: xp.arccos(x),
+    "Asin": lambda xp, x: xp.arcsin(x), "Atan": lambda xp, x: xp.arctan(x),
+    "Cosh": lambda xp, x: xp.cosh(x), "Sinh": lambda xp, x: xp.sinh(x),
+    "Rsqrt": lambda xp, x: 1.0 / xp.sqrt(x), "Cube": lambda xp, x: x * x * x,
+}
+
+#: d f / d x for the ops whose gradient op is ``<Op>Gradient``.
+_DERIVATIVES: dict[str, Callable[[Any, Any], Any]] = {
+    "Abs": lambda xp, x: xp.sign(x), "Erf": _erf_grad,
+    "Cos": lambda xp, x: -xp.sin(x), "Sin": lambda xp, x: xp.cos(x),
+    "Tan": lambda xp, x: 1.0 / xp.cos(x) ** 2,
+    "Acos": lambda xp, x: -1.0 / xp.sqrt(1.0 - x * x),
+    "Asin": lambda xp, x: 1.0 / xp.sqrt(1.0 - x * x),
+    "Atan": lambda xp, x: 1.0 / (1.0 + x * x),
+    "Cosh": lambda xp, x: xp.sinh(x), "Sinh": lambda xp, x: xp.cosh(x),
+    "Cube": lambda xp, x: 3.0 * x * x,
+}
+
+#: Gradient ops whose inputs are [dY, X] rather than [X, dY].
+_DY_FIRST = frozenset({"Cosh", "Sinh"})
+
+
+def _register_unary(op_type: str, fn: Callable[[Any, Any], Any]) -> None:
+    def kernel(ctx: OpContext) -> Outputs:
+        x = ctx.xp.asarray(ctx.inputs[0])
+        return (as_dtype(ctx.xp, fn(ctx.xp, x), x.dtype),)
+
+    kernel.__doc__ = f"Y = {op_type}(X), elementwise."
+    register_op(op_type, inputs=1, outputs=1, inplace=[(0, 0)], shape=same_as_input())(kernel)
+
+
+def _register_derivative(op_type: str, fn: Callable[[Any, Any], Any]) -> None:
+    grad_type = op_type + "Gradient"
+    dy_first = op_type in _DY_FIRST
+
+    def kernel(ctx: OpContext) -> Outputs:
+        first, second = ctx.inputs
+        x, dy = (second, first) if dy_first else (first, second)
+        return (as_dtype(ctx.xp, dy * fn(ctx.xp, x), dy.dtype),)
+
+    kernel.__doc__ = f"dX = dY * {op_type}'(X)."
+    register_op(grad_type, inputs=2, outputs=1, shape=same_as_input(1 if dy_first else 0)
+                )(kernel)
+
+    def maker(g: GradientBuilder) -> None:
+        inputs = [g.GO(0), g.I(0)] if dy_first else [g.I(0), g.GO(0)]
+        g.add(grad_type, inputs, [g.GI(0)])
+
+    register_gradient(op_type)(maker)
+
+
+for _type, _fn in _UNARY.items():
+    _register_unary(_type, _fn)
+for _type, _fn in _DERIVATIVES.items():
+    _register_derivative(_type, _fn)
+
+
+@register_gradient("Exp")
+def _exp_gradient(g: GradientBuilder) -> None:
+    g.add("Mul", [g.O(0), g.GO(0)], [g.GI(0)])
+
+
+@register_gradient("Log")
+def _log_gradient(g: GradientBuilder) -> None:
+    g.add("Div", [g.GO(0), g.I(0)], [g.GI(0)])
+
+
+@register_gradient("Sqrt")
+def _sqrt_gradient(g: GradientBuilder) -> None:
+    g.add("Scale", [g.GO(0)], [g.GI(0)], scale=0.5)
+    g.add("Div", [g.GI(0), g.O(0)], [g.GI(0)])
+
+
+@register_gradient("Negative")
+def _negative_gradient(g: GradientBuilder) -> None:
+    g.add("Negative", [g.GO(0)], [g.GI(0)])
+
+
+@register_gradient("Sqr")
+def _sqr_gradient(g: GradientBuilder) -> None:
+    g.add("Scale", [g.GO(0)], [g.GO(0)], scale=2.0)
+    g.add("Mul", [g.GO(0), g.I(0)], [g.GI(0)])
+
+
+@register_op("Scale", inputs=1, outputs=1, inplace=[(0, 0)], shape=same_as_input())
+def scale(ctx: OpContext) -> Outputs:
+    """Y = scale * X."""
+    x = ctx.xp.asarray(ctx.inputs[0])
+    return (as_dtype(ctx.xp, x * ctx.float_arg("scale", 1.0), x.dtype),)
+
+
+@register_gradient("Scale")
+def _scale_gradient(g: GradientBuilder) -> None:
+    g.add("Scale", [g.GO(0)], [g.GI(0)])  # the forward ``scale`` argument is copied
+
+
+# --- Pow ---------------------------------------------------------------------------------
+@register_op("Pow", inputs=(1, 2), outputs=1, inplace=[(0, 0), (1, 0)], shape=same_as_input())
+def pow_op(ctx: OpContext) -> Outputs:
+    """Z = X ** exponent (argument) or X ** Y (second input, Caffe2 broadcasting)."""
+    x = ctx.xp.asarray(ctx.inputs[0])
+    if len(ctx.inputs) == 1:
+        if not ctx.has_arg("exponent"):
+            raise ArgumentError(ctx.describe("needs an exponent argument or a second input"))
+        return (as_dtype(ctx.xp, ctx.xp.power(x, ctx.float_arg("exponent")), x.dtype),)
+    if ctx.has_arg("exponent"):
+        raise ArgumentError(ctx.describe("give either the exponent argument or a 2nd input"))
+    a, b = binary_operands(ctx)
+    return (as_dtype(ctx.xp, ctx.xp.power(a, b), x.dtype),)
+
+
+@register_gradient("Pow", copy_arguments=False)
+def _pow_gradient(g: GradientBuilder) -> None:
+    if _has_arg(g, "exponent"):
+        exponent = float(g.arg("exponent"))
+        if g.I(0) != g.O(0):
+            reduced = exponent - 1.0
+        elif abs(exponent) > 1e-12:
+            reduced = (exponent - 1.0) / exponent
+        else:
+            raise GradientError("In-place Pow with exponent 0 has no usable gradient.")
+        g.add("Pow", [g.I(0)], [g.GI(0)], exponent=reduced)
+        g.add("Mul", [g.GI(0), g.GO(0)], [g.GI(0)])
+        g.add("Scale", [g.GI(0)], [g.GI(0)], scale=exponent)
+        return
+    _pow_tensor_gradient(g)
+
+
+def _pow_tensor_gradient(g: GradientBuilder) -> None:
+    if g.O(0) in (g.I(0), g.I(1)):
+        raise GradientError("Gradient computation cannot be carried out if Pow uses in-place "
+                            f"computation: inputs {list(g.op.input)}, output {g.O(0)!r}.")
+    bflag = _has_arg(g, "broadcast")
+    args = broadcast_arguments(g) if bflag else []
+    gx, gy = g.GI(0), g.GI(1)
+    g.add("ConstantFill", [g.I(1)], [gy], value=1.0)
+    g.add("Sub", [g.I(1), gy], [gy])
+    _add_with_args(g, "Pow", [g.I(0), gy], [gx], args)
+    g.add("Mul", [gx, g.GO(0)], [gx])
+    _add_with_args(g, "Mul", [gx, g.I(1)], [gx], args)
+    pre = gy + "_autogen_pre_red"
+    g.add("Log", [g.I(0)], [pre])
+    g.add("Mul", [pre, g.O(0)], [pre])
+    if bflag:
+        g.add("Mul", [pre, g.GO(0)], [pre])
+        _add_with_args(g, "SumReduceLike", [pre, g.I(1)], [gy], args[1:])
+    else:
+        g.add("Mul", [pre, g.GO(0)], [gy])
+
+
+# --- N-ary -------------------------------------------------------------------------------
+@register_op("Sum", inputs=(1, None), outputs=1, inplace=[(0, 0)], shape=same_as_input())
+def sum_op(ctx: OpContext) -> Outputs:
+    """Y = X0 + X1 + ... (same shapes); the output may be X0."""
+    xp = ctx.xp
+    first = xp.asarray(ctx.inputs[0])
+    if len(ctx.inputs) == 1:
+        return (first.copy(),)
+    total = reduce(xp.add, ctx.inputs[1:], first)
+    return (as_dtype(xp, total, first.dtype),)
+
+
+@register_gradient("Sum")
+def _sum_gradient(g: GradientBuilder) -> None:
+    for index in range(len(g.op.input)):
+        g.set_input_grad(index, g.GO(0))
+
+
+def _register_extremum(op_type: str, fn: Callable[..., Any]) -> None:
+    def kernel(ctx: OpContext) -> Outputs:
+        first = ctx.xp.asarray(ctx.inputs[0])
+        return (as_dtype(ctx.xp, reduce(fn, ctx.inputs[1:], first), first.dtype),)
+
+    kernel.__doc__ = f"Y = elementwise {op_type} over all inputs."
+    register_op(op_type, inputs=(1, None), outputs=1, inplace=[(0, 0)],
+                shape=same_as_input())(kernel)
+
+    def grad_kernel(ctx: OpContext) -> Outputs:
+        y, dy = ctx.inputs[0], ctx.inputs[1]
+        return tuple(as_dtype(ctx.xp, dy * (x == y), dy.dtype) for x in ctx.inputs[2:])
+
+    grad_kernel.__doc__ = f"[Y, dY, X0, ...] -> dXi = dY where Xi == Y ({op_type})."
+    register_op(op_type + "Gradient", inputs=(3, None), outputs=(1, None))(grad_kernel)
+
+    def maker(g: GradientBuilder) -> None:
+        count = len(g.op.input)
+        g.add(op_type + "Gradient", [g.O(0), g.GO(0), *[g.I(i) for i in range(count)]],
+              [g.GI(i) for i in range(count)])
+
+    register_gradient(op_type)(maker)
+
+
+_register_extremum("Max", np.maximum)
+_register_extremum("Min", np.minimum)
+
+
+@register_op("Mean", inputs=(1, None), outputs=1, inplace=[(0, 0)], shape=same_as_input())
+def mean_op(ctx: OpContext) -> Outputs:
+    """Y = (X0 + ... + Xn-1) / n."""
+    first = ctx.xp.asarray(ctx.inputs[0])
+    total = reduce(ctx.xp.add, ctx.inputs[1:], first)
+    return (as_dtype(ctx.xp, total / len(ctx.inputs), first.dtype),)
+
+
+@register_op("MeanGradient", inputs=1, outputs=(1, None))
+def mean_gradient(ctx: OpContext) -> Outputs:
+    """dY -> dXi = dY / n for each of the n outputs."""
+    dy = ctx.xp.asarray(ctx.inputs[0])
+    grad = as_dtype(ctx.xp, dy / ctx.num_outputs, dy.dtype)
+    return tuple(grad.copy() for _ in range(ctx.num_outputs))
+
+
+@register_gradient("Mean")
+def _mean_gradient(g: GradientBuilder) -> None:
+    g.add("MeanGradient", [g.GO(0)], [g.GI(i) for i in range(len(g.op.input))])
+
+
+# --- Clip and friends --------------------------------------------------------------------
+@register_op("Clip", inputs=1, outputs=1, inplace=[(0, 0)], shape=same_as_input())
+def clip(ctx: OpContext) -> Outputs:
+    """Y = min(max(X, min), max); unset bounds are open."""
+    x = ctx.xp.asarray(ctx.inputs[0])
+    low = ctx.float_arg("min") if ctx.has_arg("min") else None
+    high = ctx.float_arg("max") if ctx.has_arg("max") else None
+    if low is None and high is None:
+        return (x.copy(),)
+    return (as_dtype(ctx.xp, ctx.xp.clip(x, low, high), x.dtype),)
+
+
+@register_op("ClipGradient", inputs=2, outputs=1, inplace=[(1, 0)], shape=same_as_input(1))
+def clip_gradient(ctx: OpContext) -> Outputs:
+    """[Y, dY] -> dX = dY where min < Y < max, else 0."""
+    y, dy = ctx.inputs
+    mask = ctx.xp.ones(y.shape, dtype=bool)
+    if ctx.has_arg("min"):
+        mask &= y > ctx.float_arg("min")
+    if ctx.has_arg("max"):
+        mask &= y < ctx.float_arg("max")
+    return (as_dtype(ctx.xp, dy * mask, dy.dtype),)
+
+
+@register_gradient("Clip")
+def _clip_gradient(g: GradientBuilder) -> None:
+    g.add("ClipGradient", [g.O(0), g.GO(0)], [g.GI(0)])
+
+
+@register_op("SquareRootDivide", inputs=2, outputs=1, shape=same_as_input())
+def square_root_divide(ctx: OpContext) -> Outputs:
+    """Y[i] = X[i] / sqrt(scale[i]) (scale 0 counts as 1), rows along the first dim."""
+    xp = ctx.xp
+    data, factor = xp.asarray(ctx.inputs[0]), xp.asarray(ctx.inputs[1])
+    if factor.shape[:1] != data.shape[:1]:
+        raise ctx.fail(f"scale {factor.shape} must have one value per row of data "
+                       f"{data.shape}")
+    root = xp.sqrt(xp.where(factor == 0, 1, factor).astype(np.float64))
+    root = root.reshape((-1,) + (1,) * (data.ndim - 1))
+    return (as_dtype(xp, data / root, data.dtype),)
+
+
+@register_gradient("SquareRootDivide")
+def _square_root_divide_gradient(g: GradientBuilder) -> None:
+    g.add("SquareRootDivide", [g.GO(0), g.I(1)], [g.GI(0)])
+
+
+@register_op("NegateGradient", inputs=1, outputs=1, inplace=[(0, 0)], shape=same_as_input())
+def negate_gradient(ctx: OpContext) -> Outputs:
+    """Identity forward; its gradient is the negated output gradient."""
+    return (ctx.xp.asarray(ctx.inputs[0]).copy(),)
+
+
+@register_gradient("NegateGradient")
+def _negate_gradient_gradient(g: GradientBuilder) -> None:
+    g.add("Negative", [g.GO(0)], [g.GI(0)])
+
+
+@register_op("Where", inputs=3, outputs=1, inplace=[(1, 0), (2, 0)], shape=same_as_input(1))
+def where(ctx: OpContext) -> Outputs:
+    """Z = C ? X : Y; ``broadcast_on_rows=1`` applies a 1-D C to X's rows."""
+    cond, x, y = (ctx.xp.asarray(v) for v in ctx.inputs)
+    if ctx.int_arg("broadcast_on_rows", 0) and cond.ndim == 1:
+        cond = cond.reshape((-1,) + (1,) * (x.ndim - 1))
+    elif cond.shape != x.shape or x.shape != y.shape:
+        raise ctx.fail(f"C {cond.shape}, X {x.shape} and Y {y.shape} must have the same shape "
+                       "(or set broadcast_on_rows=1 with a 1-D C)")
+    return (ctx.xp.where(cond, x, y),)
+
+
+@register_op("IsMemberOf", inputs=1, outputs=1, shape=same_as_input(0, DataType.BOOL))
+def is_member_of(ctx: OpContext) -> Outputs:
+    """Y[i] = X[i] in the ``value`` list (bool)."""
+    x = ctx.xp.asarray(ctx.inputs[0])
+    values = ctx.arg("value", [])
+    values = values if isinstance(values, list) else [values]
+    if x.dtype == object or x.dtype.kind in "SU":
+        members = {v.encode() if isinstance(v, str) else v for v in values}
+        flat = [(v.encode() if isinstance(v, str) else v) in members for v in x.reshape(-1)]
+        return (np.asarray(flat, dtype=bool).reshape(x.shape),)
+    return (ctx.xp.isin(x, ctx.xp.asarray(values, dtype=x.dtype)),)
+
+
+def dtype_of(value: Any) -> int:
+    """The Caffe2 DataType of an array value."""
+    return caffe2_dtype(np.asarray(value).dtype)
+
+
+# --- reductions --------------------------------------------------------------------------
+def _scalar_infer(dtype: int | None = None) -> Callable[..., ShapeResult]:
+    def infer(op: caffe2_pb2.OperatorDef, in_shapes: Sequence[Any],
+              in_types: Sequence[Any]) -> ShapeResult:
+        return [((), in_types[0] if dtype is None else dtype)]
+
+    return infer
+
+
+@register_op("SumElements", inputs=1, outputs=1, shape=_scalar_infer())
+def sum_elements(ctx: OpContext) -> Outputs:
+    """Y = sum(X) (or the mean with ``average=1``), a 0-d tensor."""
+    x = ctx.xp.asarray(ctx.inputs[0])
+    total = ctx.xp.sum(x)
+    if ctx.int_arg("average", 0):
+        total = total / max(x.size, 1)
+    return (as_dtype(ctx.xp, total, x.dtype),)
+
+
+@register_op("SumElementsGradient", inputs=2, outputs=1, shape=same_as_input())
+def sum_elements_gradient(ctx: OpContext) -> Outputs:
+    """[X, dY] -> dX = dY (divided by numel with ``average=1``) everywhere."""
+    x, dy = ctx.inputs
+    value = ctx.xp.reshape(ctx.xp.asarray(dy), ())
+    if ctx.int_arg("average", 0):
+        value = value / max(np.size(x), 1)
+    return (ctx.xp.full(np.shape(x), value, dtype=ctx.xp.asarray(dy).dtype),)
+
+
+@register_gradient("SumElements")
+def _sum_elements_gradient(g: GradientBuilder) -> None:
+    g.add("SumElementsGradient", [g.I(0), g.GO(0)], [g.GI(0)])
+
+
+@register_op("SumElementsInt", inputs=1, outputs=1, shape=_scalar_infer(DataType.INT32))
+def sum_elements_int(ctx: OpContext) -> Outputs:
+    """Y = sum(X) for int32 X, a 0-d int32 tensor."""
+    return (as_dtype(ctx.xp, ctx.xp.sum(ctx.inputs[0]), np.int32),)
+
+
+@register_op("SumSqrElements", inputs=1, outputs=1, shape=_scalar_infer())
+def sum_sqr_elements(ctx: OpContext) -> Outputs:
+    """Y = sum(X**2) (or the mean with ``average=1``), a 0-d tensor."""
+    x = ctx.xp.asarray(ctx.inputs[0])
+    total = ctx.xp.sum(x * x)
+    if ctx.int_arg("average", 0):
+        total = total / max(x.size, 1)
+    return (as_dtype(ctx.xp, total, x.dtype),)
+
+
+def _front_back(ctx: OpContext, front: bool) -> tuple[Any, tuple[int, ...]]:
+    if len(ctx.inputs) > 1:
+        raise ArgumentError(ctx.describe("the lengths input of Reduce(Front|Back) ops is not "
+                                         "supported by dpgraph; drop it"))
+    x = ctx.xp.asarray(ctx.inputs[0])
+    count = ctx.int_arg("num_reduce_dim", 1)
+    if not 0 <= count <= x.ndim:
+        raise ctx.fail(f"num_reduce_dim {count} must be in [0, {x.ndim}]")
+    axes = tuple(range(count)) if front else tuple(range(x.ndim - count, x.ndim))
+    return x, axes
+
+
+_REDUCERS: dict[str, Callable[..., Any]] = {
+    "Sum": lambda xp, x, axes, keep: xp.sum(x, axis=axes, keepdims=keep),
+    "Mean": lambda xp, x, axes, keep: xp.mean(x, axis=axes, keepdims=keep),
+    "Max": lambda xp, x, axes, keep: xp.max(x, axis=axes, keepdims=keep),
+    "Min": lambda xp, x, axes, keep: xp.min(x, axis=axes, keepdims=keep),
+    "L2": lambda xp, x, axes, keep: xp.sqrt(xp.sum(x * x, axis=axes, keepdims=keep)),
+}
+
+
+def _register_front_back(kind: str, front: bool) -> None:
+    op_type = f"Reduce{'Front' if front else 'Back'}{kind}"
+    fn = _REDUCERS[kind]
+
+    def kernel(ctx: OpContext) -> Outputs:
+        x, axes = _front_back(ctx, front)
+        if not axes:
+            return (x.copy(),)
+        return (as_dtype(ctx.xp, fn(ctx.xp, x, axes, False), x.dtype),)
+
+    kernel.__doc__ = f"{kind} over the {'first' if front else 'last'} num_reduce_dim dims."
+    register_op(op_type, inputs=(1, 2), outputs=1)(kernel)
+
+    def grad_kernel(ctx: OpContext) -> Outputs:
+        dy, x = ctx.xp.asarray(ctx.inputs[0]), ctx.xp.asarray(ctx.inputs[1])
+        count = ctx.int_arg("num_reduce_dim", 1)
+        keep_shape = ((1,) * count + dy.shape) if front else (dy.shape + (1,) * count)
+        grad = ctx.xp.reshape(dy, keep_shape)
+        if kind == "Mean":
+            grad = grad / max(int(np.prod(x.shape[:count] if front else
+                                          x.shape[x.ndim - count:])), 1)
+        elif kind == "Max":
+            grad = grad * (x == ctx.xp.reshape(ctx.inputs[2], keep_shape))
+        return (as_dtype(ctx.xp, ctx.xp.broadcast_to(grad, x.shape), dy.dtype),)
+
+    grad_kernel.__doc__ = f"Gradient of {op_type}: [dY, X{', Y' if kind == 'Max' else ''}]."
+    register_op(op_type + "Gradient", inputs=(2, 3), outputs=1, shape=same_as_input(1)
+                )(grad_kernel)
+
+    def maker(g: GradientBuilder) -> None:
+        inputs = [g.GO(0), g.I(0)] + ([g.O(0)] if kind == "Max" else [])
+        g.add(op_type + "Gradient", inputs, [g.GI(0)])
+
+    register_gradient(op_type)(maker)
+
+
+for _kind in ("Sum", "Mean", "Max"):
+    _register_front_back(_kind, True)
+    _register_front_back(_kind, False)
+
+
+def _reduce_axes(ctx: OpContext, ndim: int) -> tuple[int, ...]:
+    axes = ctx.ints_arg("axes", list(range(ndim))) if ctx.has_arg("axes") else range(ndim)
+    normalised = sorted({a + ndim if a < 0 else a for a in axes})
+    if any(not 0 <= a < ndim for a in normalised):
+        raise ctx.fail(f"axes {list(axes)} out of range for a rank-{ndim} input")
+    return tuple(normalised)
+
+
+def _register_reduce(kind: str) -> None:
+    op_type = "Reduce" + kind
+    fn = _REDUCERS[kind]
+
+    def kernel(ctx: OpContext) -> Outputs:
+        x = ctx.xp.asarray(ctx.inputs[0])
+        axes = _reduce_axes(ctx, x.ndim)
+        keep = bool(ctx.int_arg("keepdims", 1))
+        return (as_dtype(ctx.xp, fn(ctx.xp, x, axes, keep), x.dtype),)
+
+    kernel.__doc__ = f"{kind} over ``axes`` (default all), keeping them with ``keepdims=1``."
+    register_op(op_type, inputs=1, outputs=1)(kernel)
+
+    def grad_kernel(ctx: OpContext) -> Outputs:
+        dy, x, y = (ctx.xp.asarray(v) for v in ctx.inputs)
+        axes = _reduce_axes(ctx, x.ndim)
+        keep_shape = tuple(1 if i in axes else d for i, d in enumerate(x.shape))
+        dy, y = ctx.xp.reshape(dy, keep_shape), ctx.xp.reshape(y, keep_shape)
+        if kind == "Mean":
+            grad = dy / max(int(np.prod([x.shape[a] for a in axes])), 1)
+        elif kind in ("Max", "Min"):
+            grad = dy * (x == y)
+        elif kind == "L2":
+            safe = ctx.xp.where(y == 0, 1, y)
+            grad = ctx.xp.where(y == 0, 0, dy * x / safe)
+        else:
+            grad = dy
+        return (as_dtype(ctx.xp, ctx.xp.broadcast_to(grad, x.shape), dy.dtype),)
+
+    grad_kernel.__doc__ = f"Gradient of {op_type}: [dY, X, Y] -> dX."
+    register_op(op_type + "Gradient", inputs=3, outputs=1, shape=same_as_input(1))(grad_kernel)
+
+    def maker(g: GradientBuilder) -> None:
+        g.add(op_type + "Gradient", [g.GO(0), g.I(0), g.O(0)], [g.GI(0)])
+
+    register_gradient(op_type)(maker)
+
+
+for _kind in ("Sum", "Mean", "Max", "Min", "L2"):
+    _register_reduce(_kind)
+
+
+def _register_wise_max(op_type: str, axis: int) -> None:
+    def kernel(ctx: OpContext) -> Outputs:
+        x = ctx.xp.asarray(ctx.inputs[0])
+        if x.ndim != 3:
+            raise ctx.fail(f"input must be 3-D (batch, M, N), got shape {x.shape}")
+        return (ctx.xp.max(x, axis=axis),)
+
+    kernel.__doc__ = f"{op_type}: max over dim {axis} of a (batch, M, N) tensor."
+    register_op(op_type, inputs=1, outputs=1)(kernel)
+
+    def grad_kernel(ctx: OpContext) -> Outputs:
+        x, y, dy = (ctx.xp.asarray(v) for v in ctx.inputs)
+        y, dy = ctx.xp.expand_dims(y, axis), ctx.xp.expand_dims(dy, axis)
+        return (as_dtype(ctx.xp, dy * (x == y), dy.dtype),)
+
+    grad_kernel.__doc__ = f"[X, Y, dY] -> dX for {op_type}."
+    register_op(op_type + "Gradient", inputs=3, outputs=1, shape=same_as_input())(grad_kernel)
+
+    def maker(g: GradientBuilder) -> None:
+        g.add(op_type + "Gradient", [g.I(0), g.O(0), g.GO(0)], [g.GI(0)])
+
+    register_gradient(op_type)(maker)
+
+
+_register_wise_max("RowwiseMax", 2)
+_register_wise_max("ColwiseMax", 1)

@@ -1,0 +1,492 @@
+"""Dense layers: FC, MatMul, BatchMatMul, Conv, ConvTranspose, MaxPool, AveragePool.
+
+Kernels follow Caffe2's CPU operators (argument names, flattening rules, output sizes) and
+gradient makers emit Caffe2's exact gradient ops.  Convolutions are im2col + one batched
+matmul (see :mod:`dpgraph.ops._conv_util`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from dpgraph.errors import GradientError
+from dpgraph.ir.arguments import arguments_dict
+from dpgraph.ir.registry import register_gradient, register_op
+from dpgraph.ops import _conv_util as cu
+from dpgraph.ops.context import OpContext, Outputs
+from dpgraph.ops.gradient_builder import GradientBuilder
+from dpgraph.proto import caffe2_pb2
+
+_FLOAT = caffe2_pb2.TensorProto.FLOAT
+Shape = tuple[int, ...]
+ShapeResult = list[tuple[Shape, int] | None]
+
+
+def _ctx_for(op: caffe2_pb2.OperatorDef) -> OpContext:
+    """An argument-reading context for shape functions (no inputs bound)."""
+    return OpContext(op, arguments_dict(op.arg), np, op.device_option)
+
+
+def _canonical_axis(ctx: OpContext, axis: int, ndim: int) -> int:
+    if not -ndim <= axis <= ndim:
+        raise ctx.fail(f"axis {axis} is out of range for a {ndim}-D input")
+    return axis + ndim if axis < 0 else axis
+
+
+def _as_matrix(shape: Shape, axis: int) -> tuple[int, int]:
+    return math.prod(shape[:axis]), math.prod(shape[axis:])
+
+
+def _dtype(types: list[int | None], index: int = 0) -> int:
+    return types[index] if index < len(types) and types[index] is not None else _FLOAT
+
+
+# --- FC -----------------------------------------------------------------------------------
+def _fc_dims(ctx: OpContext, x_shape: Shape, w_shape: Shape,
+             transposed: bool) -> tuple[int, int, int, int]:
+    """(axis, M, K, N) of an FC op; W is [N, K] (or [K, N] when transposed)."""
+    axis = _canonical_axis(ctx, ctx.int_arg("axis", 1), len(x_shape))
+    axis_w = _canonical_axis(ctx, ctx.int_arg("axis_w", 1), len(w_shape))
+    m, k = _as_matrix(x_shape, axis)
+    n, kw = _as_matrix(w_shape, axis_w)
+    if transposed:
+        n, kw = kw, n
+    if k != kw:
+        raise ctx.fail(f"X {tuple(x_shape)} flattened at axis {axis} has {k} columns but W "
+                       f"{tuple(w_shape)} expects {kw}; check 'axis'/'axis_w' or the shapes")
+    return axis, m, k, n
+
+
+def _fc_forward(ctx: OpContext, transposed: bool) -> Outputs:
+    x, w, b = ctx.inputs
+    axis, m, k, n = _fc_dims(ctx, x.shape, w.shape, transposed)
+    w2 = w.reshape(k, n) if transposed else w.reshape(n, k).T
+    y = ctx.xp.matmul(x.reshape(m, k), w2) + b.reshape(n)
+    return (y.reshape(*x.shape[:axis], n).astype(x.dtype, copy=False),)
+
+
+def _fc_backward(ctx: OpContext, transposed: bool) -> Outputs:
+    x, w, dy = ctx.inputs
+    axis, m, k, n = _fc_dims(ctx, x.shape, w.shape, transposed)
+    x2, dy2 = x.reshape(m, k), dy.reshape(m, n)
+    dw = ctx.xp.matmul(x2.T, dy2) if transposed else ctx.xp.matmul(dy2.T, x2)
+    outs: list[Any] = [dw.reshape(w.shape).astype(w.dtype, copy=False),
+                       dy2.sum(axis=0).astype(dy.dtype, copy=False)]
+    if ctx.num_outputs > 2:
+        w2 = w.reshape(k, n).T if transposed else w.reshape(n, k)
+        outs.append(ctx.xp.matmul(dy2, w2).reshape(x.shape).astype(x.dtype, copy=False))
+    return outs
+
+
+def _fc_shape(transposed: bool) -> Any:
+    def shape(op: caffe2_pb2.OperatorDef, shapes: list[Shape | None],
+              types: list[int | None]) -> ShapeResult:
+        if shapes[0] is None or shapes[1] is None:
+            return [None]
+        axis, _, _, n = _fc_dims(_ctx_for(op), shapes[0], shapes[1], transposed)
+        return [((*shapes[0][:axis], n), _dtype(types))]
+    return shape
+
+
+def _fc_grad_shape(op: caffe2_pb2.OperatorDef, shapes: list[Shape | None],
+                   types: list[int | None]) -> ShapeResult:
+    x, w = shapes[0], shapes[1]
+    if x is None or w is None:
+        return [None] * len(op.output)
+    transposed = op.type == "FCTransposedGradient"
+    n = _fc_dims(_ctx_for(op), x, w, transposed)[3]
+    return [(w, _dtype(types, 1)), ((n,), _dtype(types)), (x, _dtype(types))][:len(op.output)]
+
+
+@register_op("FC", inputs=3, outputs=1, shape=_fc_shape(False))
+def fc(ctx: OpContext) -> Outputs:
+    """Y = X·Wᵀ + b with X flattened to 2-D at ``axis`` and W at ``axis_w``."""
+    return _fc_forward(ctx, transposed=False)
+
+
+@register_op("FCTransposed", inputs=3, outputs=1, shape=_fc_shape(True))
+def fc_transposed(ctx: OpContext) -> Outputs:
+    """Y = X·W + b with W stored [in, out]."""
+    return _fc_forward(ctx, transposed=True)
+
+
+@register_op("FCGradient", inputs=3, outputs=(2, 3), shape=_fc_grad_shape)
+def fc_gradient(ctx: OpContext) -> Outputs:
+    """[X, W, dY] -> [dW, db, dX]."""
+    return _fc_backward(ctx, transposed=False)
+
+
+@register_op("FCTransposedGradient", inputs=3, outputs=(2, 3), shape=_fc_grad_shape)
+def fc_transposed_gradient(ctx: OpContext) -> Outputs:
+    """[X, W, dY] -> [dW, db, dX] for FCTransposed."""
+    return _fc_backward(ctx, transposed=True)
+
+
+def _fc_gradient_maker(grad_type: str) -> Any:
+    def maker(g: GradientBuilder) -> None:
+        g.add(grad_type, [g.I(0), g.I(1), g.GO(0)], [g.GI(1), g.GI(2), g.GI(0)])
+    return maker
+
+
+register_gradient("FC")(_fc_gradient_maker("FCGradient"))
+register_gradient("FCTransposed")(_fc_gradient_maker("FCTransposedGradient"))
+
+
+# --- MatMul and BatchMatMul ------------------------------------------------------------------
+def _matmul_operands(ctx: OpContext, a: Any, b: Any) -> tuple[Any, Any]:
+    axis_a = _canonical_axis(ctx, ctx.int_arg("axis_a", 1), a.ndim)
+    axis_b = _canonical_axis(ctx, ctx.int_arg("axis_b", 1), b.ndim)
+    a2 = a.reshape(_as_matrix(a.shape, axis_a))
+    b2 = b.reshape(_as_matrix(b.shape, axis_b))
+    if ctx.int_arg("trans_a", 0):
+        a2 = a2.T
+    if ctx.int_arg("trans_b", 0):
+        b2 = b2.T
+    if a2.shape[1] != b2.shape[0]:
+        raise ctx.fail(f"inner dimensions differ: A as {a2.shape} times B as {b2.shape}; "
+                       "check trans_a/trans_b and axis_a/axis_b")
+    return a2, b2
+
+
+@register_op("MatMul", inputs=(2, 3), outputs=1)
+def matmul(ctx: OpContext) -> Outputs:
+    """2-D product of A and B flattened at axis_a/axis_b (optionally transposed).
+
+    A third input, when given, only supplies the output shape (used by the gradient).
+    """
+    a, b = ctx.inputs[:2]
+    a2, b2 = _matmul_operands(ctx, a, b)
+    y = ctx.xp.matmul(a2, b2)
+    if ctx.num_inputs == 3:
+        y = y.reshape(ctx.inputs[2].shape)
+    return (y,)
+
+
+@register_gradient("MatMul", copy_arguments=False)
+def matmul_gradient(g: GradientBuilder) -> None:
+    trans_a, trans_b = int(g.arg("trans_a", 0)), int(g.arg("trans_b", 0))
+    axis_a, axis_b = int(g.arg("axis_a", 1)), int(g.arg("axis_b", 1))
+    a, b, dy, da, db = g.I(0), g.I(1), g.GO(0), g.GI(0), g.GI(1)
+    if trans_a and trans_b:  # Y = A'B': dA = B'G', dB = G'A'
+        g.add("MatMul", [b, dy, a], [da], trans_a=1, trans_b=1, axis_a=axis_b)
+        g.add("MatMul", [dy, a, b], [db], trans_a=1, trans_b=1, axis_b=axis_a)
+    elif trans_a:  # Y = A'B: dA = BG', dB = AG
+        g.add("MatMul", [b, dy, a], [da], trans_b=1, axis_a=axis_b)
+        g.add("MatMul", [a, dy, b], [db], axis_a=axis_a)
+    elif trans_b:  # Y = AB': dA = GB, dB = G'A
+        g.add("MatMul", [dy, b, a], [da], axis_b=axis_b)
+        g.add("MatMul", [dy, a, b], [db], trans_a=1, axis_b=axis_a)
+    else:  # Y = AB: dA = GB', dB = A'G
+        g.add("MatMul", [dy, b, a], [da], trans_b=1, axis_b=axis_b)
+        g.add("MatMul", [a, dy, b], [db], trans_a=1, axis_a=axis_a)
+
+
+@register_op("BatchMatMul", inputs=2, outputs=1)
+def batch_matmul(ctx: OpContext) -> Outputs:
+    """Batched A·B over the last two dims; ``broadcast=1`` allows numpy broadcasting."""
+    a, b = ctx.inputs
+    broadcast = ctx.int_arg("broadcast", 0)
+    if ctx.int_arg("trans_a", 0) and a.ndim >= 2:
+        a = a.swapaxes(-1, -2)
+    if ctx.int_arg("trans_b", 0) and b.ndim >= 2:
+        b = b.swapaxes(-1, -2)
+    if not broadcast and (a.ndim < 2 or a.ndim != b.ndim or a.shape[:-2] != b.shape[:-2]):
+        raise ctx.fail(f"A {a.shape} and B {b.shape} need equal batch dims (or broadcast=1)")
+    try:
+        return (ctx.xp.matmul(a, b),)
+    except ValueError as error:
+        raise ctx.fail(f"cannot multiply A {a.shape} by B {b.shape}: {error}") from error
+
+
+@register_gradient("BatchMatMul", copy_arguments=False)
+def batch_matmul_gradient(g: GradientBuilder) -> None:
+    if int(g.arg("broadcast", 0)):
+        raise GradientError(f"BatchMatMul {list(g.op.input)}: the gradient is not supported "
+                            "with broadcast=1 (as in Caffe2); reshape inputs to equal batch dims")
+    trans_a, trans_b = int(g.arg("trans_a", 0)), int(g.arg("trans_b", 0))
+    a, b, dy, da, db = g.I(0), g.I(1), g.GO(0), g.GI(0), g.GI(1)
+    if trans_a and trans_b:
+        g.add("BatchMatMul", [b, dy], [da], trans_a=1, trans_b=1)
+        g.add("BatchMatMul", [dy, a], [db], trans_a=1, trans_b=1)
+    elif trans_a:
+        g.add("BatchMatMul", [b, dy], [da], trans_b=1)
+        g.add("BatchMatMul", [a, dy], [db])
+    elif trans_b:
+        g.add("BatchMatMul", [dy, b], [da])
+        g.add("BatchMatMul", [dy, a], [db], trans_a=1)
+    else:
+        g.add("BatchMatMul", [dy, b], [da], trans_b=1)
+        g.add("BatchMatMul", [a, dy], [db], trans_a=1)
+
+
+# --- Conv and ConvTranspose ------------------------------------------------------------------
+def _filter_cf(w: Any, order: str) -> Any:
+    """Filter in channel-first layout (NHWC filters are [M, *k, C])."""
+    return cu.channel_first(w, order)
+
+
+def _conv_setup(ctx: OpContext, x: Any, w: Any) -> tuple[str, Any, Any, cu.Geometry]:
+    order = cu.check_order(ctx)
+    if x.ndim < 3 or w.ndim != x.ndim:
+        raise ctx.fail(f"X {x.shape} and filter {w.shape} must have the same rank >= 3")
+    xc, wc = cu.channel_first(x, order), _filter_cf(w, order)
+    geom = cu.parse_geometry(ctx, xc.shape[2:], kernel_shape=wc.shape[2:])
+    if wc.shape[2:] != geom.kernel:
+        raise ctx.fail(f"filter {w.shape} does not match kernel {geom.kernel}")
+    return order, xc, wc, geom
+
+
+def _check_conv_channels(ctx: OpContext, xc: Any, wc: Any, geom: cu.Geometry) -> None:
+    c, m, g = xc.shape[1], wc.shape[0], geom.group
+    if c != wc.shape[1] * g or m % g:
+        raise ctx.fail(f"{c} input channels and filter {tuple(wc.shape)} (channel-first) do "
+                       f"not fit group={g}: need C == filter C x group and M divisible by group")
+
+
+def _add_bias(y: Any, b: Any) -> Any:
+    return y + b.reshape(-1, *(1,) * (y.ndim - 2))
+
+
+@register_op("Conv", inputs=(2, 3), outputs=1)
+def conv(ctx: OpContext) -> Outputs:
+    """N-d convolution (order NCHW or NHWC) with optional bias, stride/pad/dilation/group."""
+    order, xc, wc, geom = _conv_setup(ctx, ctx.inputs[0], ctx.inputs[1])
+    _check_conv_channels(ctx, xc, wc, geom)
+    y = cu.conv_forward(ctx.xp, xc, wc, geom)
+    if ctx.num_inputs == 3:
+        y = _add_bias(y, ctx.inputs[2])
+    return (cu.channel_last(y.astype(xc.dtype, copy=False), order, ctx.xp),)
+
+
+@register_op("ConvGradient", inputs=3, outputs=(1, 3))
+def conv_gradient(ctx: OpContext) -> Outputs:
+    """[X, W, dY] -> [dW, db, dX] ([dW, dX] with no_bias=1; dX only when asked)."""
+    x, w, dy = ctx.inputs
+    order, xc, wc, geom = _conv_setup(ctx, x, w)
+    no_bias = bool(ctx.int_arg("no_bias", 0))
+    need_dx = ctx.num_outputs == (2 if no_bias else 3)
+    dyc = cu.channel_first(dy, order)
+    dw, dx = cu.conv_backward(ctx.xp, xc, wc, dyc, geom, need_dx)
+    outs: list[Any] = [cu.channel_last(dw, order, ctx.xp).astype(w.dtype, copy=False)]
+    if not no_bias:
+        outs.append(dyc.sum(axis=(0, *range(2, dyc.ndim))).astype(dy.dtype, copy=False))
+    if need_dx:
+        outs.append(cu.channel_last(dx, order, ctx.xp).astype(x.dtype, copy=False))
+    return outs
+
+
+def _adj(ctx: OpContext, nd: int) -> tuple[int, ...]:
+    if ctx.has_arg("adjs"):
+        return tuple(ctx.ints_arg("adjs"))
+    if ctx.has_arg("adj"):
+        return (ctx.int_arg("adj"),) * nd
+    if nd == 2:
+        return (ctx.int_arg("adj_h", 0), ctx.int_arg("adj_w", 0))
+    return (0,) * nd
+
+
+def _conv_transpose_setup(ctx: OpContext, x: Any, w: Any) -> tuple[str, Any, Any, cu.Geometry]:
+    order, xc, wc, geom = _conv_setup(ctx, x, w)
+    if wc.shape[0] != xc.shape[1] or xc.shape[1] % geom.group:
+        raise ctx.fail(f"filter {tuple(w.shape)} must start with the {xc.shape[1]} input "
+                       f"channels, divisible by group={geom.group}")
+    return order, xc, wc, geom
+
+
+@register_op("ConvTranspose", inputs=(2, 3), outputs=1)
+def conv_transpose(ctx: OpContext) -> Outputs:
+    """Transposed convolution; filter [C, M/group, *k] (NCHW) or [C, *k, M/group] (NHWC)."""
+    order, xc, wc, geom = _conv_transpose_setup(ctx, ctx.inputs[0], ctx.inputs[1])
+    adj = _adj(ctx, geom.nd)
+    if any(a >= s for a, s in zip(adj, geom.stride)):
+        raise ctx.fail(f"adj {adj} must be smaller than stride {geom.stride}")
+    y = cu.conv_transpose_forward(ctx.xp, xc, wc, geom, adj)
+    if ctx.num_inputs == 3:
+        y = _add_bias(y, ctx.inputs[2])
+    return (cu.channel_last(y.astype(xc.dtype, copy=False), order, ctx.xp),)
+
+
+@register_op("ConvTransposeGradient", inputs=3, outputs=(1, 3))
+def conv_transpose_gradient(ctx: OpContext) -> Outputs:
+    """[X, W, dY] -> [dW, db, dX] ([dW, dX] with no_bias=1)."""
+    x, w, dy = ctx.inputs
+    order, xc, wc, geom = _conv_transpose_setup(ctx, x, w)
+    no_bias = bool(ctx.int_arg("no_bias", 0))
+    need_dx = ctx.num_outputs == (2 if no_bias else 3)
+    dyc = cu.channel_first(dy, order)
+    dw, dx = cu.conv_transpose_backward(ctx.xp, xc, wc, dyc, geom, need_dx)
+    outs: list[Any] = [cu.channel_last(dw, order, ctx.xp).astype(w.dtype, copy=False)]
+    if not no_bias:
+        outs.append(dyc.sum(axis=(0, *range(2, dyc.ndim))).astype(dy.dtype, copy=False))
+    if need_dx:
+        outs.append(cu.channel_last(dx, order, ctx.xp).astype(x.dtype, copy=False))
+    return outs
+
+
+def _conv_gradient_maker(grad_type: str) -> Any:
+    def maker(g: GradientBuilder) -> None:
+        compute_dx = not int(g.arg("no_gradient_to_input", 0))
+        outputs = [g.GI(1)]
+        extra: dict[str, Any] = {}
+        if len(g.op.input) == 3:
+            outputs.append(g.GI(2))
+        else:
+            extra["no_bias"] = 1
+        if compute_dx:
+            outputs.append(g.GI(0))
+        g.add(grad_type, [g.I(0), g.I(1), g.GO(0)], outputs, **extra)
+    return maker
+
+
+register_gradient("Conv")(_conv_gradient_maker("ConvGradient"))
+register_gradient("ConvTranspose")(_conv_gradient_maker("ConvTransposeGradient"))
+
+for _nd in (1, 2, 3):  # Caffe2's fixed-rank aliases share the kernels
+    register_op(f"Conv{_nd}D", inputs=(2, 3), outputs=1)(conv)
+    register_op(f"Conv{_nd}DGradient", inputs=3, outputs=(1, 3))(conv_gradient)
+    register_gradient(f"Conv{_nd}D")(_conv_gradient_maker(f"Conv{_nd}DGradient"))
+
+
+def _conv_shape(op: caffe2_pb2.OperatorDef, shapes: list[Shape | None],
+                types: list[int | None]) -> ShapeResult:
+    x, w = shapes[0], shapes[1]
+    if x is None or w is None:
+        return [None]
+    ctx = _ctx_for(op)
+    order = cu.check_order(ctx)
+    spatial = x[2:] if order == "NCHW" else x[1:-1]
+    kernel = w[2:] if order == "NCHW" else w[1:-1]
+    geom = cu.parse_geometry(ctx, tuple(spatial), kernel_shape=tuple(kernel))
+    out = geom.out_shape(tuple(spatial))
+    m = w[0]
+    shape = (x[0], m, *out) if order == "NCHW" else (x[0], *out, m)
+    return [(shape, _dtype(types))]
+
+
+def _same_as_inputs(op: caffe2_pb2.OperatorDef, shapes: list[Shape | None],
+                    types: list[int | None]) -> ShapeResult:
+    """Gradient ops whose outputs mirror [W, (b), X] shapes."""
+    x, w = shapes[0], shapes[1]
+    result: ShapeResult = [None if w is None else (w, _dtype(types, 1))]
+    no_bias = int(arguments_dict(op.arg).get("no_bias", 0))
+    if not no_bias and len(op.output) > 1:
+        result.append(None)
+    if len(op.output) > len(result):
+        result.append(None if x is None else (x, _dtype(types)))
+    return result
+
+
+for _type in ("Conv", "Conv1D", "Conv2D", "Conv3D"):
+    from dpgraph.ir.registry import OPERATORS as _OPS
+
+    _OPS.lookup(_type).shape_fn = _conv_shape
+    _OPS.lookup(_type + "Gradient").shape_fn = _same_as_inputs
+_OPS.lookup("ConvTransposeGradient").shape_fn = _same_as_inputs
+
+
+# --- Pooling ------------------------------------------------------------------------------
+def _pool_setup(ctx: OpContext, x: Any) -> tuple[str, Any, cu.Geometry]:
+    order = cu.check_order(ctx)
+    if x.ndim < 3:
+        raise ctx.fail(f"pooling needs an input with spatial dims, got shape {x.shape}")
+    xc = cu.channel_first(x, order)
+    geom = cu.parse_geometry(ctx, xc.shape[2:], pooling=True)
+    if any(o < 1 for o in geom.out_shape(xc.shape[2:])) and xc.size:
+        raise ctx.fail(f"kernel {geom.kernel} is larger than the padded input {x.shape}")
+    return order, xc, geom
+
+
+def _avg_divisor(ctx: OpContext, geom: cu.Geometry, spatial: Shape, out: Shape) -> Any:
+    """Per-output window sizes (padding excluded unless count_include_pad)."""
+    xp = ctx.xp
+    if ctx.int_arg("count_include_pad", 0):
+        return float(math.prod(geom.kernel))
+    ones = cu.pad_spatial(xp, xp.ones((1, 1, *spatial), dtype=np.float32), geom)
+    count = xp.zeros((1, 1, *out), dtype=np.float32)
+    for _, block in cu.offset_slices(geom, out):
+        count += ones[block]
+    return xp.maximum(count, 1.0)
+
+
+def _pool_forward(ctx: OpContext, kind: str) -> Outputs:
+    order, xc, geom = _pool_setup(ctx, ctx.inputs[0])
+    xp = ctx.xp
+    out = geom.out_shape(xc.shape[2:])
+    fill = -np.inf if kind == "max" else 0.0
+    xpad = cu.pad_spatial(xp, xc, geom, fill)
+    blocks = cu.offset_slices(geom, out)
+    y = xp.array(xpad[blocks[0][1]], copy=True)
+    for _, block in blocks[1:]:
+        if kind == "max":
+            xp.maximum(y, xpad[block], out=y)
+        else:
+            y += xpad[block]
+    if kind == "avg":
+        y = y / _avg_divisor(ctx, geom, xc.shape[2:], out)
+    return (cu.channel_last(y.astype(xc.dtype, copy=False), order, xp),)
+
+
+def _pool_backward(ctx: OpContext, kind: str) -> Outputs:
+    x, y, dy = ctx.inputs
+    order, xc, geom = _pool_setup(ctx, x)
+    xp = ctx.xp
+    yc, dyc = cu.channel_first(y, order), cu.channel_first(dy, order)
+    out = yc.shape[2:]
+    padded = geom.padded(xc.shape[2:])
+    dxpad = xp.zeros((*xc.shape[:2], *padded), dtype=dy.dtype)
+    if kind == "max":
+        xpad = cu.pad_spatial(xp, xc, geom, -np.inf)
+        for _, block in cu.offset_slices(geom, out):
+            dxpad[block] += (xpad[block] == yc) * dyc  # every tied maximum gets dY (Caffe2)
+    else:
+        share = dyc / _avg_divisor(ctx, geom, xc.shape[2:], out)
+        for _, block in cu.offset_slices(geom, out):
+            dxpad[block] += share
+    dx = dxpad[cu.inner_slices(geom, xc.shape[2:])]
+    return (cu.channel_last(dx.astype(x.dtype, copy=False), order, xp),)
+
+
+def _pool_shape(op: caffe2_pb2.OperatorDef, shapes: list[Shape | None],
+                types: list[int | None]) -> ShapeResult:
+    x = shapes[0]
+    if x is None:
+        return [None]
+    ctx = _ctx_for(op)
+    order = cu.check_order(ctx)
+    spatial = tuple(x[2:] if order == "NCHW" else x[1:-1])
+    out = cu.parse_geometry(ctx, spatial, pooling=True).out_shape(spatial)
+    shape = (x[0], x[1], *out) if order == "NCHW" else (x[0], *out, x[-1])
+    return [(shape, _dtype(types))]
+
+
+def _pool_grad_shape(op: caffe2_pb2.OperatorDef, shapes: list[Shape | None],
+                     types: list[int | None]) -> ShapeResult:
+    return [None if shapes[0] is None else (shapes[0], _dtype(types))]
+
+
+def _pool_gradient_maker(grad_type: str) -> Any:
+    def maker(g: GradientBuilder) -> None:
+        g.add(grad_type, [g.I(0), g.O(0), g.GO(0)], [g.GI(0)])
+    return maker
+
+
+def _register_pool(op_type: str, kind: str) -> None:
+    def forward(ctx: OpContext) -> Outputs:
+        return _pool_forward(ctx, kind)
+
+    def backward(ctx: OpContext) -> Outputs:
+        return _pool_backward(ctx, kind)
+
+    forward.__doc__ = f"{kind} pooling (kernel, stride, pads, global_pooling, order)."
+    backward.__doc__ = f"[X, Y, dY] -> dX for {op_type}."
+    register_op(op_type, inputs=1, outputs=1, shape=_pool_shape)(forward)
+    register_op(op_type + "Gradient", inputs=3, outputs=1, shape=_pool_grad_shape)(backward)
+    register_gradient(op_type)(_pool_gradient_maker(op_type + "Gradient"))
+
+
+for _base, _kind in (("MaxPool", "max"), ("AveragePool", "avg")):
+    for _suffix in ("", "1D", "2D", "3D"):
+        _register_pool(_base + _suffix, _kind)

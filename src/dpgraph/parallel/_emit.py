@@ -1,0 +1,54 @@
+"""Fast op emission for the passes: OperatorDefs built directly, appended in bulk.
+
+Passes must stay linear in the size of the net, so they never go through per-call
+conveniences that rescan the net; inputs a net does not define yet are declared external,
+as ``net.<Op>(...)`` would.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from dpgraph.ir.arguments import MakeArgument
+from dpgraph.proto import caffe2_pb2
+
+
+def make_op(
+    op_type: str,
+    inputs: Iterable[Any],
+    outputs: Iterable[Any],
+    device: caffe2_pb2.DeviceOption | None = None,
+    name: str = "",
+    control_input: Iterable[Any] | None = None,
+    engine: str | None = None,
+    **args: Any,
+) -> caffe2_pb2.OperatorDef:
+    """An OperatorDef with exact (unscoped) blob names and an explicit device option."""
+    op = caffe2_pb2.OperatorDef(type=op_type, name=name)
+    op.input.extend(str(b) for b in inputs)
+    op.output.extend(str(b) for b in outputs)
+    if control_input:
+        op.control_input.extend(str(b) for b in control_input)
+    if device is not None:
+        op.device_option.CopyFrom(device)
+    if engine is not None:
+        op.engine = engine
+    op.arg.extend(MakeArgument(k, v) for k, v in args.items() if v is not None)
+    return op
+
+
+def emit(net: Any, *ops: caffe2_pb2.OperatorDef) -> None:
+    """Append ``ops`` to ``net`` (a dpgraph Net), declaring undefined inputs external."""
+    for op in ops:
+        for blob in op.input:
+            if not net.BlobIsDefined(blob):
+                net.AddExternalInput(blob)
+        net.extend_ops([op])
+
+
+def device_option(device_type: int, device_id: int = 0) -> caffe2_pb2.DeviceOption:
+    option = caffe2_pb2.DeviceOption()
+    option.device_type = device_type
+    option.device_id = device_id
+    return option

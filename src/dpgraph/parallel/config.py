@@ -1,0 +1,216 @@
+"""Typed, frozen configuration of one ``Parallelize`` call.
+
+The legacy keyword arguments of Caffe2's ``data_parallel_model.Parallelize`` are converted
+once, at the facade, into a :class:`ParallelConfig`; every pass reads only that object.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from dpgraph.errors import NotSupportedError, ParallelizeError
+from dpgraph.ir.device import CPU, CUDA, IDEEP
+
+BuilderFun = Callable[..., Any] | None
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    """Caffe2's rendezvous dict as a typed value (``rendezvous=None`` means one host)."""
+
+    kv_handler: Any = None
+    shard_id: int = 0
+    num_shards: int = 1
+    engine: str = "GLOO"
+    transport: str | None = None
+    interface: str | None = None
+    mpi_rendezvous: bool = False
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_legacy(cls, value: Any) -> Rendezvous | None:
+        """Accept ``None``, a :class:`Rendezvous` or Caffe2's dict form."""
+        if value is None or isinstance(value, Rendezvous):
+            return value
+        if not isinstance(value, Mapping):
+            raise ParallelizeError(
+                f"rendezvous must be None, a dict or a Rendezvous, got {type(value).__name__}."
+            )
+        known = {"kv_handler", "shard_id", "num_shards", "engine", "transport", "interface",
+                 "mpi_rendezvous"}
+        missing = {"num_shards", "shard_id"} - set(value)
+        if missing and int(value.get("num_shards", 1)) > 1:
+            raise ParallelizeError(
+                f"rendezvous dict lacks {sorted(missing)}; give kv_handler, shard_id, "
+                "num_shards and engine."
+            )
+        return cls(
+            kv_handler=value.get("kv_handler"),
+            shard_id=int(value.get("shard_id", 0)),
+            num_shards=int(value.get("num_shards", 1)),
+            engine=value.get("engine", "GLOO"),
+            transport=value.get("transport"),
+            interface=value.get("interface"),
+            mpi_rendezvous=bool(value.get("mpi_rendezvous", False)),
+            extra={k: v for k, v in value.items() if k not in known},
+        )
+
+    @property
+    def is_distributed(self) -> bool:
+        return self.num_shards > 1
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    """Everything ``Parallelize`` needs, validated and normalised."""
+
+    devices: tuple[int, ...]
+    device_type: int
+    device_prefix: str
+    input_builder_fun: BuilderFun
+    forward_pass_builder_fun: BuilderFun
+    param_update_builder_fun: BuilderFun = None
+    optimizer_builder_fun: BuilderFun = None
+    post_sync_builder_fun: BuilderFun = None
+    pre_grad_net_transformer_fun: BuilderFun = None
+    net_transformer_fun: BuilderFun = None
+    rendezvous: Rendezvous | None = None
+    rendezvous_legacy: Any = None
+    net_type: str = "dag"
+    broadcast_computed_params: bool = True
+    optimize_gradient_memory: bool = False
+    dynamic_memory_management: bool = False
+    blobs_to_keep: tuple[Any, ...] | None = None
+    use_nccl: bool = False
+    max_concurrent_distributed_ops: int = 16
+    cpu_device: bool = False
+    ideep: bool = False
+    num_threads_per_device: int = 4
+    shared_model: bool = False
+    combine_spatial_bn: bool = False
+    barrier_net_timeout_sec: float = 300
+
+    @property
+    def num_shards(self) -> int:
+        return 1 if self.rendezvous is None else self.rendezvous.num_shards
+
+    @property
+    def loss_scale(self) -> float:
+        return 1.0 / (len(self.devices) * self.num_shards)
+
+    @property
+    def has_parameter_updates(self) -> bool:
+        return (self.param_update_builder_fun is not None
+                or self.optimizer_builder_fun is not None)
+
+    @property
+    def num_workers(self) -> int:
+        extra = 8 if self.rendezvous_legacy is not None else 0
+        return len(self.devices) * self.num_threads_per_device + extra
+
+    @property
+    def effective_max_concurrent_ops(self) -> int:
+        return min(self.max_concurrent_distributed_ops, self.num_workers - 1)
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.device_type not in (CPU, IDEEP)
+
+    @property
+    def device_name(self) -> str:
+        return {CPU: "CPU", IDEEP: "IDEEP"}.get(self.device_type, "GPU")
+
+    def namescope(self, device: int) -> str:
+        """``"gpu_3"``: the name scope of ``device`` (without the trailing ``/``)."""
+        return f"{self.device_prefix}_{device}"
+
+
+def _default_devices(cpu_like: bool) -> list[int]:
+    if cpu_like:
+        return list(range(os.cpu_count() or 1))
+    from dpgraph import workspace
+
+    return list(range(workspace.NumGpuDevices()))
+
+
+def _gpu_device_type() -> int:
+    try:
+        from dpgraph import workspace
+
+        return int(getattr(workspace, "GpuDeviceType", CUDA))
+    except ImportError:  # the runtime facade is optional for graph building
+        return CUDA
+
+
+def _normalise_devices(devices: Iterable[int] | None, cpu_like: bool) -> tuple[int, ...]:
+    if devices is None:
+        devices = _default_devices(cpu_like)
+    try:
+        result = tuple(int(d) for d in devices)
+    except (TypeError, ValueError) as error:
+        raise ParallelizeError(
+            f"devices must be an iterable of int device ids, got {devices!r}."
+        ) from error
+    if not result:
+        raise ParallelizeError("Parallelize needs at least one device; got an empty list.")
+    if len(set(result)) != len(result):
+        raise ParallelizeError(f"devices contains duplicates: {list(result)}.")
+    return result
+
+
+def make_config(**kwargs: Any) -> ParallelConfig:
+    """Build a :class:`ParallelConfig` from Caffe2's ``Parallelize`` keyword arguments."""
+    cpu_device = bool(kwargs.get("cpu_device", False))
+    ideep = bool(kwargs.get("ideep", False))
+    if ideep:
+        device_type, prefix = IDEEP, "ideep"
+    elif cpu_device:
+        device_type, prefix = CPU, "cpu"
+    else:
+        device_type, prefix = _gpu_device_type(), "gpu"
+    devices = _normalise_devices(kwargs.pop("devices", None), cpu_device or ideep)
+    legacy = kwargs.pop("rendezvous", None)
+    keep = kwargs.pop("blobs_to_keep", None)
+    return ParallelConfig(
+        devices=devices, device_type=device_type, device_prefix=prefix,
+        rendezvous=Rendezvous.from_legacy(legacy), rendezvous_legacy=legacy,
+        blobs_to_keep=None if keep is None else tuple(keep), **kwargs,
+    )
+
+
+def check_supported(config: ParallelConfig) -> None:
+    """Refuse the features other passes own, before anything is mutated."""
+    if config.param_update_builder_fun is not None and config.optimizer_builder_fun is not None:
+        raise ParallelizeError(
+            "Can only specify one of param_update_builder_fun, optimizer_builder_fun."
+        )
+    if config.shared_model and config.is_gpu:
+        raise ParallelizeError("Shared model only supported on CPU (cpu_device=True).")
+    if config.optimize_gradient_memory and config.dynamic_memory_management:
+        raise ParallelizeError(
+            "It is not advised to use gradient optimization ('memonger') with dynamic "
+            "memory management; pick one of optimize_gradient_memory and "
+            "dynamic_memory_management."
+        )
+    if config.combine_spatial_bn and not config.has_parameter_updates:
+        raise ParallelizeError("combine_spatial_bn should only be used for train model.")
+    for flag in ("optimize_gradient_memory", "dynamic_memory_management"):
+        if getattr(config, flag):
+            _require_memory_pass(flag)
+    if config.rendezvous is not None and config.rendezvous.is_distributed:
+        from dpgraph.parallel.distributed import get_distributed_hooks
+
+        get_distributed_hooks(config)
+
+
+def _require_memory_pass(flag: str) -> None:
+    from dpgraph.parallel.memory import get_memory_hooks
+
+    if get_memory_hooks() is None:
+        raise NotSupportedError(
+            f"Parallelize({flag}=True) needs dpgraph.memonger, which is not available yet; "
+            f"call Parallelize without {flag} for now."
+        )

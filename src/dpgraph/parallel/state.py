@@ -1,0 +1,98 @@
+"""The one mutable result object the Parallelize passes fill in.
+
+Passes read the frozen :class:`~dpgraph.parallel.config.ParallelConfig` and write only to
+a :class:`ParallelState`; :func:`publish` copies the results onto the model under the
+attribute names Caffe2 uses (``model._device_grouped_blobs``, ``model._devices``, ...),
+before each user callback (builders may read them) and once at the end.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+from dpgraph.parallel.config import ParallelConfig
+from dpgraph.proto import caffe2_pb2
+
+
+
+@dataclass
+class ParallelState:
+    """Results of the Parallelize pipeline for one model."""
+
+    model: Any
+    config: ParallelConfig
+    non_datapar_params: list[Any] = field(default_factory=list)
+    losses_by_device: dict[int, Any] = field(default_factory=dict)
+    grouped: OrderedDict[str, dict[int, Any]] = field(default_factory=OrderedDict)
+    param_names: list[str] = field(default_factory=list)
+    computed_param_names: list[str] = field(default_factory=list)
+    grad_names: list[str] = field(default_factory=list)
+    blob_to_device: dict[str, caffe2_pb2.DeviceOption] = field(default_factory=dict)
+    sync_names: list[str] = field(default_factory=list)
+    optimizer: Any = None
+    all_params_before_prune: set[str] = field(default_factory=set)
+    init_nets: list[Any] = field(default_factory=list)
+    nets: list[Any] = field(default_factory=list)
+    finished: bool = False
+
+    @property
+    def devices(self) -> tuple[int, ...]:
+        return self.config.devices
+
+    @property
+    def master(self) -> int:
+        return self.config.devices[0]
+
+    def namescope(self, device: int) -> str:
+        return self.config.namescope(device)
+
+    def is_gpu_blob(self, name: str) -> bool:
+        """Caffe2's ``_IsGPUBlob``: the device of a full or stripped blob name."""
+        option = self.blob_to_device.get(name)
+        if option is None:
+            option = self.blob_to_device.get(f"{self.namescope(self.master)}/{name}")
+            if option is None:
+                return self.config.is_gpu
+        return option.device_type not in (caffe2_pb2.PROTO_CPU, caffe2_pb2.PROTO_IDEEP)
+
+    def is_ideep_blob(self, name: str) -> bool:
+        option = self.blob_to_device.get(name)
+        if option is None:
+            option = self.blob_to_device.get(f"{self.namescope(self.master)}/{name}")
+            if option is None:
+                return self.config.device_type == caffe2_pb2.PROTO_IDEEP
+        return option.device_type == caffe2_pb2.PROTO_IDEEP
+
+
+def publish_start(state: ParallelState) -> None:
+    """The attributes Caffe2 sets before any builder runs."""
+    model, config = state.model, state.config
+    model._device_type = config.device_type
+    model._device_prefix = config.device_prefix
+    model._shared_model = config.shared_model
+    model._devices = list(config.devices)
+    model._rendezvous = config.rendezvous_legacy
+    model._sync_barrier_net = None
+    model._broadcast_context = None
+    model._grad_names = []
+    if not hasattr(model, "_optimizer"):
+        model._optimizer = None
+    model._net_transformer_fun = config.net_transformer_fun
+
+
+def publish(state: ParallelState) -> None:
+    """Copy the current results onto the model (idempotent)."""
+    model = state.model
+    model._device_grouped_blobs = state.grouped
+    model._param_names = list(state.param_names)
+    model._computed_param_names = list(state.computed_param_names)
+    model._grad_names = list(state.grad_names)
+    model._losses_by_gpu = state.losses_by_device
+    model._blob_to_device = state.blob_to_device
+    if state.optimizer is not None:
+        model._optimizer = state.optimizer
+    if state.finished:
+        model._data_parallel_model_init_nets = list(state.init_nets)
+        model._data_parallel_model_nets = list(state.nets)

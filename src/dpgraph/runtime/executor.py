@@ -1,0 +1,192 @@
+"""Executors: ``simple`` (ops in order) and ``dag`` (a dependency-driven thread pool).
+
+The DAG executor runs an op as soon as the previous writers of its inputs, the previous
+writers and readers of its outputs and the writers of its ``control_input`` blobs are done;
+ops with side effects also keep their relative order.  Every op reads exactly the values it
+would read in order, so both executors give bitwise the same results.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+from dpgraph.errors import WorkspaceError, did_you_mean
+from dpgraph.runtime.operator import Blobs, OpInstance, Placement
+
+logger = logging.getLogger("dpgraph.runtime.executor")
+
+SIMPLE_TYPES = frozenset({"", "simple"})
+DAG_TYPES = frozenset({"dag", "async_scheduling", "async_dag", "async_simple", "prof_dag",
+                       "async_polling", "parallel", "singlethread_async", "async_child"})
+DEFAULT_NUM_WORKERS = 4
+
+
+class SimpleExecutor:
+    """Runs the ops one after the other in the calling thread."""
+
+    kind = "simple"
+
+    def __init__(self, ops: Sequence[OpInstance]) -> None:
+        self.ops = list(ops)
+
+    def run(self, blobs: Blobs, placement: Placement) -> None:
+        for inst in self.ops:
+            inst.run(blobs, placement)
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+def dependencies(ops: Sequence[OpInstance]) -> list[set[int]]:
+    """For each op, the earlier ops it must wait for (data, anti, output, control, order)."""
+    last_writer: dict[str, int] = {}
+    readers: dict[str, list[int]] = {}
+    last_side_effect: int | None = None
+    result: list[set[int]] = []
+    for j, inst in enumerate(ops):
+        deps: set[int] = set()
+        for b in inst.inputs:
+            if b in last_writer:
+                deps.add(last_writer[b])
+        for b in inst.outputs:
+            if b in last_writer:
+                deps.add(last_writer[b])
+            deps.update(readers.get(b, ()))
+        for b in inst.control:
+            if b in last_writer:
+                deps.add(last_writer[b])
+        if inst.schema.side_effects:
+            if last_side_effect is not None:
+                deps.add(last_side_effect)
+            last_side_effect = j
+        deps.discard(j)
+        result.append(deps)
+        for b in inst.inputs:
+            readers.setdefault(b, []).append(j)
+        for b in inst.outputs:
+            last_writer[b] = j
+            readers[b] = []
+    return result
+
+
+class _WorkerPool:
+    """``n`` daemon threads taking ``(fn, args)`` tasks from one queue."""
+
+    def __init__(self, num_workers: int, name: str) -> None:
+        self.tasks: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.threads = [threading.Thread(target=self._loop, name=f"{name}-{i}", daemon=True)
+                        for i in range(num_workers)]
+        for thread in self.threads:
+            thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            task = self.tasks.get()
+            if task is None:
+                return
+            task[0](*task[1:])
+
+    def close(self) -> None:
+        for _ in self.threads:
+            self.tasks.put(None)
+
+
+class _RunState:
+    __slots__ = ("pending", "in_flight", "errors", "lock", "done", "blobs", "placement")
+
+    def __init__(self, pending: list[int], blobs: Blobs, placement: Placement) -> None:
+        self.pending = pending
+        self.in_flight = 0
+        self.errors: list[tuple[int, BaseException]] = []
+        self.lock = threading.Lock()
+        self.done = threading.Event()
+        self.blobs, self.placement = blobs, placement
+
+
+class DagExecutor:
+    """Runs ops on ``num_workers`` threads as soon as their dependencies are done."""
+
+    kind = "dag"
+
+    def __init__(self, ops: Sequence[OpInstance], num_workers: int, name: str = "net") -> None:
+        self.ops = list(ops)
+        self.num_workers = max(1, num_workers)
+        self.name = name
+        deps = dependencies(self.ops)
+        self.indegree = [len(d) for d in deps]
+        self.children: list[list[int]] = [[] for _ in self.ops]
+        for j, parents in enumerate(deps):
+            for i in sorted(parents):
+                self.children[i].append(j)
+        self.roots = [j for j, d in enumerate(self.indegree) if d == 0]
+        self._pool: _WorkerPool | None = None
+        self._pool_lock = threading.Lock()
+
+    def _get_pool(self) -> _WorkerPool:
+        with self._pool_lock:
+            if self._pool is None:
+                self._pool = _WorkerPool(self.num_workers, f"dpgraph-{self.name}")
+                weakref.finalize(self, self._pool.close)
+            return self._pool
+
+    def run(self, blobs: Blobs, placement: Placement) -> None:
+        if not self.ops:
+            return
+        pool = self._get_pool()
+        state = _RunState(list(self.indegree), blobs, placement)
+        state.in_flight = len(self.roots)
+        for j in self.roots:
+            pool.tasks.put((self._run_chain, state, j, pool))
+        state.done.wait()
+        if state.errors:
+            raise min(state.errors, key=lambda e: e[0])[1]
+
+    def _run_chain(self, state: _RunState, index: int | None, pool: _WorkerPool) -> None:
+        """Run ``index``, then keep running one newly ready child in this thread."""
+        while index is not None:
+            failed = False
+            try:
+                self.ops[index].run(state.blobs, state.placement)
+            except BaseException as error:  # noqa: BLE001 - re-raised in the caller
+                failed = True
+                with state.lock:
+                    state.errors.append((index, error))
+            following = None
+            with state.lock:
+                state.in_flight -= 1
+                if not failed and not state.errors:
+                    pending = state.pending
+                    for child in self.children[index]:
+                        pending[child] -= 1
+                        if pending[child] == 0:
+                            state.in_flight += 1
+                            if following is None:
+                                following = child
+                            else:
+                                pool.tasks.put((self._run_chain, state, child, pool))
+                if state.in_flight == 0:
+                    state.done.set()
+            index = following
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+
+
+def make_executor(net_type: str, ops: Sequence[OpInstance], num_workers: int,
+                  name: str) -> SimpleExecutor | DagExecutor:
+    """The executor for NetDef ``type`` (empty/'simple' -> simple, DAG-like -> dag)."""
+    if net_type in SIMPLE_TYPES:
+        return SimpleExecutor(ops)
+    if net_type in DAG_TYPES:
+        return DagExecutor(ops, num_workers or DEFAULT_NUM_WORKERS, name)
+    raise WorkspaceError(
+        f"Net {name!r} has unknown type {net_type!r}; use '' or 'simple' for the sequential "
+        f"executor, or 'dag'/'async_scheduling' for the parallel one."
+        + did_you_mean(net_type, sorted(SIMPLE_TYPES | DAG_TYPES)))

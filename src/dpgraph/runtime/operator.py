@@ -1,0 +1,242 @@
+"""Instantiated operators: everything an op needs to run, precomputed once per net.
+
+An :class:`OpInstance` holds the schema, kernel, decoded arguments, device, array module,
+blob names and an :class:`~dpgraph.ops.context.OpContext`, so running it is a few dict
+look-ups, one placement check per input and the kernel call.  Kernels return their outputs;
+they are stored only after the kernel succeeded, so a failing op never half-writes them.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from dpgraph.errors import (
+    BlobNotFoundError,
+    DeviceError,
+    DpgraphError,
+    OperatorError,
+    OperatorSchemaError,
+    UnknownOperatorError,
+)
+from dpgraph.ir.arguments import arguments_dict
+from dpgraph.ir.device import device_key, device_name, effective_device
+from dpgraph.ir.registry import OPERATORS, OpSchema
+from dpgraph.ops.context import OpContext
+from dpgraph.proto import caffe2_pb2
+from dpgraph.runtime import devices
+
+DeviceKey = tuple[int, int]
+Blobs = dict[str, Any]
+Placement = dict[str, "DeviceKey | None"]
+#: ``schema.extra[OUTPUT_PLACEMENT](op_key, input_keys, args) -> [key per output]``: ops whose
+#: outputs do not live on the op's own device (CopyGPUToCPU, collectives).
+OUTPUT_PLACEMENT = "output_placement"
+
+_ndarray = np.ndarray
+
+
+class RuntimeOpContext(OpContext):
+    """OpContext whose unseeded random generator is derived from a per-op seed.
+
+    Each op gets its own stream (workspace seed, net instantiation, op index), so the
+    simple and the DAG executors draw the same numbers whatever order ops run in.
+    """
+
+    __slots__ = ("_entropy",)
+
+    def __init__(self, *args: Any, entropy: Sequence[int] = (), **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._entropy = list(entropy)
+
+    @property
+    def rng(self) -> np.random.Generator:
+        if self._rng is None:
+            if self.device.HasField("random_seed"):
+                self._rng = np.random.default_rng(self.device.random_seed)
+            else:
+                self._rng = np.random.default_rng(self._entropy)
+        return self._rng
+
+
+def _describe_value(value: Any, key: DeviceKey | None) -> str:
+    where = device_name(key) if key is not None else "any device"
+    if value is None:
+        return "empty"
+    shape = getattr(value, "shape", None)
+    if shape is not None:
+        return f"{list(shape)} {getattr(value, 'dtype', '?')} on {where}"
+    return f"{type(value).__name__}"
+
+
+_mixed_classes: dict[type, type] = {}
+
+
+def _error_class(cause: BaseException) -> type[OperatorError]:
+    """OperatorError mixed with the cause's class, so ``except ShapeError`` still works."""
+    cause_type = type(cause)
+    if isinstance(cause, OperatorError) or not isinstance(cause, Exception):
+        return OperatorError
+    cls = _mixed_classes.get(cause_type)
+    if cls is None:
+        try:
+            cls = type(f"OperatorError[{cause_type.__name__}]", (OperatorError, cause_type),
+                       {"__str__": lambda self: str(self.args[0]) if self.args else "",
+                        "__init__": lambda self, msg: Exception.__init__(self, msg),
+                        "__module__": "dpgraph.errors"})
+        except TypeError:  # incompatible layouts (e.g. OSError subclasses)
+            cls = OperatorError
+        _mixed_classes[cause_type] = cls
+    return cls
+
+
+class OpInstance:
+    """One operator of an instantiated net."""
+
+    __slots__ = ("index", "op", "type", "schema", "kernel", "ctx", "key", "inputs", "outputs",
+                 "control", "cross", "placement_fn", "real_gpu", "net_name", "n_out")
+
+    def __init__(self, op: caffe2_pb2.OperatorDef, index: int, net_name: str,
+                 net_device: caffe2_pb2.DeviceOption | None, workspace: Any,
+                 entropy: Sequence[int]) -> None:
+        self.index, self.op, self.type, self.net_name = index, op, op.type, net_name
+        self.schema = _lookup_schema(op, index, net_name)
+        self.kernel = self.schema.kernel
+        device = effective_device(op, net_device)
+        self.key: DeviceKey = device_key(device)
+        try:
+            xp = devices.array_module(self.key)
+        except DeviceError as error:
+            raise DeviceError(f"{self._where()}: {error}") from None
+        self.ctx = RuntimeOpContext(op, arguments_dict(op.arg), xp, device, workspace,
+                                    entropy=[*entropy, index])
+        self.inputs = tuple(op.input)
+        self.outputs = tuple(op.output)
+        self.n_out = len(self.outputs)
+        self.control = tuple(op.control_input)
+        self.cross = self.schema.cross_device
+        self.placement_fn: Callable[..., list[DeviceKey]] | None = self.schema.extra.get(
+            OUTPUT_PLACEMENT)
+        self.real_gpu = devices.is_gpu(self.key) and xp is not np
+
+    def _where(self) -> str:
+        net = f" of net {self.net_name!r}" if self.net_name else ""
+        return f"Operator {self.index} ({self.type}){net} on {device_name(self.key)}"
+
+    # --- running -------------------------------------------------------------------------
+    def run(self, blobs: Blobs, placement: Placement) -> None:
+        """Read inputs, check placements, run the kernel, store the outputs."""
+        try:
+            values = [blobs[n] for n in self.inputs]
+        except KeyError:
+            raise self._missing(blobs, placement) from None
+        key = self.key
+        for name, value in zip(self.inputs, values):
+            if value is None:
+                raise self.failure(BlobNotFoundError(
+                    f"input blob {name!r} is empty (created but never written, or freed)."),
+                    values, placement)
+            if not self.cross:
+                where = placement.get(name)
+                if where is not None and where is not key and where != key and \
+                        not devices.can_read(key, where):
+                    raise self.failure(self._device_error(name, where), values, placement)
+        ctx = self.ctx
+        ctx.inputs = values
+        try:
+            if self.real_gpu:
+                with devices.device_context(key):
+                    outs = self.kernel(ctx)
+            else:
+                outs = self.kernel(ctx)
+            if outs is None or len(outs) != self.n_out:
+                raise OperatorSchemaError(
+                    f"the kernel returned {0 if outs is None else len(outs)} values for "
+                    f"{self.n_out} outputs.")
+        except Exception as error:
+            raise self.failure(error, values, placement) from error
+        finally:
+            ctx.inputs = []
+        self._store(blobs, placement, values, outs)
+
+    def _store(self, blobs: Blobs, placement: Placement, values: list[Any],
+               outs: Sequence[Any]) -> None:
+        if self.placement_fn is None:
+            keys: Sequence[DeviceKey] = (self.key,) * self.n_out
+        else:
+            keys = self.placement_fn(self.key, [placement.get(n) for n in self.inputs],
+                                     self.ctx.args)
+        for name, value, key in zip(self.outputs, outs, keys):
+            if type(value) is not _ndarray:
+                if isinstance(value, np.generic):
+                    value = np.asarray(value)
+                elif not devices.is_array(value):
+                    blobs[name] = value
+                    placement[name] = None
+                    continue
+            blobs[name] = value
+            placement[name] = key
+
+    # --- errors --------------------------------------------------------------------------
+    def _missing(self, blobs: Blobs, placement: Placement) -> OperatorError:
+        missing = [n for n in self.inputs if n not in blobs]
+        return self.failure(BlobNotFoundError(
+            f"Encountered a non-existing input blob: {missing[0]!r}; feed it with "
+            f"workspace.FeedBlob or run the net that produces it first."),
+            [blobs.get(n) for n in self.inputs], placement)
+
+    def _device_error(self, name: str, where: DeviceKey) -> DeviceError:
+        return DeviceError(
+            f"input blob {name!r} lives on {device_name(where)} but the op runs on "
+            f"{device_name(self.key)}, which cannot read it; insert a Copy (or CopyGPUToCPU/"
+            f"CopyCPUToGPU) op, or run the op on {device_name(where)}.")
+
+    def failure(self, cause: BaseException, values: Sequence[Any],
+                placement: Placement | None = None) -> OperatorError:
+        """An OperatorError naming this op, its blobs and device, for ``cause``."""
+        from dpgraph.ir.net import operator_tracebacks
+
+        lines = [f"{self._where()} failed: {type(cause).__name__}: {cause}"]
+        lines.append("  inputs: " + ", ".join(
+            f"{n} ({_describe_value(v, (placement or {}).get(n))})"
+            for n, v in zip(self.inputs, values)) if self.inputs else "  inputs: none")
+        lines.append(f"  outputs: {', '.join(self.outputs) or 'none'}")
+        stack = operator_tracebacks.get(self.net_name, {}).get(self.index) \
+            if self.net_name else None
+        if stack:
+            lines.append("  op created at (most recent call last):")
+            lines.extend("    " + entry.rstrip().replace("\n", "\n    ")
+                         for entry in stack[-4:])
+        error = _error_class(cause)("\n".join(lines))
+        error.op_index, error.op_type, error.net_name = self.index, self.type, self.net_name
+        error.device = device_name(self.key)
+        error.__cause__ = cause
+        return error
+
+
+def _lookup_schema(op: caffe2_pb2.OperatorDef, index: int, net_name: str) -> OpSchema:
+    where = f"op {index} of net {net_name!r}" if net_name else f"op {index}"
+    try:
+        schema = OPERATORS.lookup(op.type)
+    except UnknownOperatorError as error:
+        raise UnknownOperatorError(f"{error} ({where}, inputs {list(op.input)}, outputs "
+                                   f"{list(op.output)})") from None
+    problem = schema.check_arity(len(op.input), len(op.output))
+    if problem:
+        raise OperatorSchemaError(f"{problem} ({where}: inputs {list(op.input)}, outputs "
+                                  f"{list(op.output)}).")
+    if schema.kernel is None:
+        raise OperatorSchemaError(f"Operator {op.type} ({where}) has no kernel in dpgraph.")
+    return schema
+
+
+def net_entropy(seed: int, counter: int, net_name: str) -> list[int]:
+    """Entropy for the per-op generators of one net instantiation."""
+    return [seed, counter, zlib.crc32(net_name.encode())]
+
+
+def is_dpgraph_error(error: BaseException) -> bool:
+    return isinstance(error, DpgraphError)

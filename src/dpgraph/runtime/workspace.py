@@ -1,0 +1,305 @@
+"""The :class:`Workspace`: blobs with their placements, instantiated nets, random state.
+
+Library code may use a Workspace directly; :mod:`dpgraph.workspace` is the Caffe2-style
+facade over the process's *current* workspace.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import threading
+import warnings
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+from dpgraph.errors import BlobNotFoundError, WorkspaceError
+from dpgraph.ir import scope
+from dpgraph.ir.device import device_key, device_name
+from dpgraph.proto import caffe2_pb2
+from dpgraph.runtime import devices
+from dpgraph.runtime.executor import SimpleExecutor, make_executor
+from dpgraph.runtime.operator import OpInstance, net_entropy
+from dpgraph.runtime.serialization import tensor_proto_to_numpy
+
+logger = logging.getLogger("dpgraph.runtime")
+
+DeviceKey = tuple[int, int]
+
+
+class NetInstance:
+    """A net created in a workspace: a snapshot of its NetDef, its ops and its executor."""
+
+    def __init__(self, proto: caffe2_pb2.NetDef, workspace: Workspace) -> None:
+        self.proto = caffe2_pb2.NetDef()
+        self.proto.CopyFrom(proto)
+        self.name = self.proto.name
+        self.workspace = workspace
+        net_device = self.proto.device_option if self.proto.HasField("device_option") else None
+        entropy = net_entropy(workspace.seed, next(workspace._instantiations), self.name)
+        self.ops = [OpInstance(op, i, self.name, net_device, workspace, entropy)
+                    for i, op in enumerate(self.proto.op)]
+        self.executor = make_executor(self.proto.type, self.ops, self.proto.num_workers,
+                                      self.name)
+
+    def run(self) -> None:
+        self.executor.run(self.workspace._blobs, self.workspace._placement)
+
+    def close(self) -> None:
+        self.executor.close()
+
+
+def check_net_definition(proto: caffe2_pb2.NetDef) -> None:
+    """Caffe2's creation checks: undefined inputs (when external_input is declared) and
+    external outputs nobody produces."""
+    known = set(proto.external_input)
+    for index, op in enumerate(proto.op):
+        if proto.external_input:
+            for blob in op.input:
+                if blob not in known:
+                    raise WorkspaceError(
+                        f"op {index} ({op.type}) of net {proto.name!r}: Source for input "
+                        f"{blob!r} is unknown: it is neither an external input of the net nor "
+                        "the output of an earlier op; add it to external_input.")
+        known.update(op.output)
+    for blob in proto.external_output:
+        if blob not in known:
+            raise WorkspaceError(
+                f"Did not find output {blob!r} of net {proto.name!r}: no op produces it and it "
+                "is not an external input.")
+
+
+def as_net_proto(net: Any) -> caffe2_pb2.NetDef:
+    """A NetDef from a Net (``Proto()``), a NetDef or serialised bytes."""
+    if isinstance(net, caffe2_pb2.NetDef):
+        return net
+    if hasattr(net, "Proto"):
+        return net.Proto()
+    if isinstance(net, (bytes, str)):
+        proto = caffe2_pb2.NetDef()
+        proto.ParseFromString(net.encode("latin-1") if isinstance(net, str) else net)
+        return proto
+    raise WorkspaceError(f"Expected a Net, NetDef or serialised NetDef, got {type(net).__name__}.")
+
+
+class Workspace:
+    """Blobs (each recording the device it lives on), nets and a random generator."""
+
+    def __init__(self, name: str = "default", root_folder: str = ".",
+                 seed: int | None = None) -> None:
+        self.name = name
+        self.root_folder = root_folder
+        self._blobs: dict[str, Any] = {}
+        self._placement: dict[str, DeviceKey | None] = {}
+        self._nets: dict[str, NetInstance] = {}
+        self.seed = int(np.random.SeedSequence(seed).entropy % (2**63)) \
+            if seed is None else int(seed)
+        self.rng = np.random.default_rng(self.seed)
+        self._instantiations = itertools.count()
+        self._lock = threading.RLock()
+
+    def __repr__(self) -> str:
+        return f"Workspace({self.name!r}, {len(self._blobs)} blobs, {len(self._nets)} nets)"
+
+    # --- blobs ---------------------------------------------------------------------------
+    def blobs(self) -> list[str]:
+        return sorted(self._blobs)
+
+    def has_blob(self, name: Any) -> bool:
+        return str(name) in self._blobs
+
+    def create_blob(self, name: Any) -> None:
+        """Create an empty blob if it does not exist."""
+        self._blobs.setdefault(str(name), None)
+        self._placement.setdefault(str(name), None)
+
+    def reset_blob(self, name: Any) -> None:
+        name = str(name)
+        if name not in self._blobs:
+            raise BlobNotFoundError(f"Can't find blob: {name}")
+        self._blobs[name] = None
+        self._placement[name] = None
+
+    def remove_blob(self, name: Any) -> None:
+        self._blobs.pop(str(name), None)
+        self._placement.pop(str(name), None)
+
+    def placement(self, name: Any) -> DeviceKey | None:
+        """The device a blob lives on (``None`` for empty and non-tensor blobs)."""
+        name = str(name)
+        if name not in self._blobs:
+            raise BlobNotFoundError(f"Can't find blob: {name}")
+        return self._placement[name]
+
+    def get_blob_or_none(self, name: str, device: Any = None) -> Any:
+        """The stored value (no copy), or ``None`` (OpContext protocol)."""
+        return self._blobs.get(name)
+
+    def get_blob(self, name: Any) -> Any:
+        """The stored value without copying; missing -> BlobNotFoundError."""
+        name = str(name)
+        try:
+            return self._blobs[name]
+        except KeyError:
+            raise BlobNotFoundError(f"Can't find blob: {name}") from None
+
+    def set_blob(self, name: Any, value: Any, device: DeviceKey | None = devices.CPU_KEY) -> None:
+        """Store ``value`` as is on placement ``device`` (no conversion, no copy)."""
+        self._blobs[str(name)] = value
+        self._placement[str(name)] = device if devices.is_array(value) else None
+
+    def feed_blob(self, name: Any, value: Any,
+                  device_option: caffe2_pb2.DeviceOption | None = None) -> bool:
+        """Copy ``value`` into blob ``name`` on the device of ``device_option`` (default:
+        the current device scope).  Accepts arrays, str/bytes and TensorProtos."""
+        if device_option is None:
+            device_option = scope.CurrentDeviceScope()
+        key = device_key(device_option)
+        name = str(name)
+        if isinstance(value, caffe2_pb2.TensorProto):
+            value = tensor_proto_to_numpy(value)
+        if isinstance(value, str):
+            value = value.encode("utf-8")
+        if isinstance(value, bytes):
+            self.set_blob(name, value, None)
+            return True
+        array = _as_array(value, name)
+        devices.check_device(key, f"FeedBlob({name!r}): ")
+        if devices.is_gpu(key) and array.dtype == np.float64:
+            warnings.warn(f"FeedBlob({name!r}): feeding a float64 array to {device_name(key)}; "
+                          "CUDA ops usually expect float32.", stacklevel=3)
+        self.set_blob(name, devices.to_device(array, key), key)
+        return True
+
+    def fetch_blob(self, name: Any) -> Any:
+        """A host copy of a blob's value (bytes for string blobs)."""
+        name = str(name)
+        if name not in self._blobs:
+            raise BlobNotFoundError(f"Can't find blob: {name}")
+        value = self._blobs[name]
+        if value is None:
+            raise WorkspaceError(f"Blob {name!r} is empty (created but never written, or freed)"
+                                 " and cannot be fetched.")
+        if isinstance(value, bytes):
+            return value
+        if devices.is_array(value):
+            return np.array(devices.to_host(value), copy=True)
+        return value  # opaque objects (queues, mutexes) are returned as they are
+
+    # --- nets ----------------------------------------------------------------------------
+    def create_net(self, net: Any, overwrite: bool = False,
+                   input_blobs: Iterable[Any] | None = None) -> NetInstance:
+        proto = as_net_proto(net)
+        for blob in input_blobs or ():
+            self.create_blob(blob)
+        with self._lock:
+            if proto.name in self._nets and not overwrite:
+                raise WorkspaceError(
+                    "I respectfully refuse to overwrite an existing net of the same name "
+                    f"\"{proto.name}\", unless you explicitly specify overwrite=True.")
+            check_net_definition(proto)
+            instance = NetInstance(proto, self)
+            old = self._nets.pop(proto.name, None)
+            if old is not None:
+                old.close()
+            self._nets[proto.name] = instance
+        return instance
+
+    def net(self, name: Any) -> NetInstance:
+        name = net_name(name)
+        try:
+            return self._nets[name]
+        except KeyError:
+            raise WorkspaceError(f"Can't find net {name}; create it with CreateNet first."
+                                 ) from None
+
+    def nets(self) -> list[str]:
+        return sorted(self._nets)
+
+    def has_net(self, name: Any) -> bool:
+        return net_name(name) in self._nets
+
+    def delete_net(self, name: Any) -> None:
+        instance = self._nets.pop(net_name(name), None)
+        if instance is not None:
+            instance.close()
+
+    def run_net(self, name: Any, num_iter: int = 1, allow_fail: bool = False) -> bool:
+        instance = self.net(name)
+        try:
+            for _ in range(num_iter):
+                instance.run()
+        except Exception:
+            if allow_fail:
+                logger.warning("Net %s failed (allow_fail=True)", instance.name, exc_info=True)
+                return False
+            raise
+        return True
+
+    def run_net_once(self, net: Any) -> bool:
+        """Instantiate a temporary net (no creation checks, as in Caffe2) and run it once."""
+        proto = as_net_proto(net)
+        instance = NetInstance(proto, self)
+        try:
+            instance.run()
+        finally:
+            instance.close()
+        return True
+
+    def run_operators_once(self, ops: Iterable[caffe2_pb2.OperatorDef]) -> bool:
+        for op in ops:
+            instance = OpInstance(op, 0, "", None, self,
+                                  net_entropy(self.seed, next(self._instantiations), ""))
+            SimpleExecutor([instance]).run(self._blobs, self._placement)
+        return True
+
+    def run_plan(self, plan: Any) -> bool:
+        from dpgraph.runtime.plan import run_plan
+
+        run_plan(self, plan)
+        return True
+
+    def reset(self, root_folder: str | None = None) -> None:
+        """Drop every blob and net (Caffe2's ResetWorkspace)."""
+        with self._lock:
+            for instance in self._nets.values():
+                instance.close()
+            self._nets.clear()
+            self._blobs.clear()
+            self._placement.clear()
+        if root_folder is not None:
+            os.makedirs(root_folder, exist_ok=True)
+            self.root_folder = root_folder
+
+
+def net_name(net: Any) -> str:
+    """The name of a Net, NetDef or string."""
+    if isinstance(net, caffe2_pb2.NetDef):
+        return net.name
+    if hasattr(net, "Name"):
+        return str(net.Name())
+    return net.decode() if isinstance(net, bytes) else str(net)
+
+
+def _as_array(value: Any, name: str) -> np.ndarray:
+    if devices.is_array(value):
+        array = value
+    else:
+        try:
+            array = np.asarray(value)
+        except Exception as error:
+            raise WorkspaceError(f"FeedBlob({name!r}): cannot feed a {type(value).__name__}; "
+                                 "feed a numpy array, a string or a TensorProto.") from error
+    if array.dtype.kind in "SU":
+        flat = [v.encode("utf-8") if isinstance(v, str) else bytes(v)
+                for v in array.reshape(-1).tolist()]
+        obj = np.empty(len(flat), dtype=object)
+        obj[:] = flat
+        array = obj.reshape(array.shape)
+    elif array.dtype.kind == "O" and not isinstance(value, np.ndarray):
+        raise WorkspaceError(f"FeedBlob({name!r}): cannot feed a {type(value).__name__}; "
+                             "feed a numpy array, a string or a TensorProto.")
+    return array
