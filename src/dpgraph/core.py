@@ -57,3 +57,10 @@ __all__ = [
     "_RectifyInputOutput", "device_equal", "device_option_equal", "get_op_ids_in_path",
     "get_output_producers", "get_ssa", "get_undefined_blobs",
 ]
+
+# --- gradients (dpgraph.autodiff) -----------------------------------------------------------
+from dpgraph.autodiff import GRADIENT_REGISTRY as GradientRegistry  # noqa: E402
+from dpgraph.autodiff import IR  # noqa: E402
+from dpgraph.autodiff.accumulate import GradGenMeta, SparseGradGenMeta  # noqa: E402
+
+__all__ += ["GradGenMeta", "GradientRegistry", "IR", "SparseGradGenMeta"]

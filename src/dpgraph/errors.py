@@ -108,10 +108,6 @@ class HelperError(ModelError, AttributeError):
     """A brew helper is unknown or registered twice."""
 
 
-class ModelConfigError(ModelError, ValueError):
-    """A model or helper got an invalid setting (storage order, dims, shapes)."""
-
-
 class ParallelizeError(DpgraphError, AssertionError):
     """Parallelize was called with inconsistent arguments or a graph it cannot replicate."""
 
@@ -126,6 +122,14 @@ class MemongerError(DpgraphError, AssertionError):
 
 class CheckpointError(DpgraphError, ValueError):
     """A checkpoint file is truncated, corrupt or does not match the model."""
+
+
+class ModelConfigError(ModelError, ValueError):
+    """A model or helper got an invalid setting (storage order, dims, shapes)."""
+
+
+class ModelStateError(ModelError, RuntimeError):
+    """A model method was called at the wrong time (gradients added twice, no model)."""
 
 
 # --- collectives ---------------------------------------------------------------------------

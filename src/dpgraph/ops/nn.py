@@ -250,7 +250,36 @@ def _add_bias(y: Any, b: Any) -> Any:
     return y + b.reshape(-1, *(1,) * (y.ndim - 2))
 
 
-@register_op("Conv", inputs=(2, 3), outputs=1)
+def _conv_shape(op: caffe2_pb2.OperatorDef, shapes: list[Shape | None],
+                types: list[int | None]) -> ShapeResult:
+    x, w = shapes[0], shapes[1]
+    if x is None or w is None:
+        return [None]
+    ctx = _ctx_for(op)
+    order = cu.check_order(ctx)
+    spatial = x[2:] if order == "NCHW" else x[1:-1]
+    kernel = w[2:] if order == "NCHW" else w[1:-1]
+    geom = cu.parse_geometry(ctx, tuple(spatial), kernel_shape=tuple(kernel))
+    out = geom.out_shape(tuple(spatial))
+    m = w[0]
+    shape = (x[0], m, *out) if order == "NCHW" else (x[0], *out, m)
+    return [(shape, _dtype(types))]
+
+
+def _same_as_inputs(op: caffe2_pb2.OperatorDef, shapes: list[Shape | None],
+                    types: list[int | None]) -> ShapeResult:
+    """Gradient ops whose outputs mirror [W, (b), X] shapes."""
+    x, w = shapes[0], shapes[1]
+    result: ShapeResult = [None if w is None else (w, _dtype(types, 1))]
+    no_bias = int(arguments_dict(op.arg).get("no_bias", 0))
+    if not no_bias and len(op.output) > 1:
+        result.append(None)
+    if len(op.output) > len(result):
+        result.append(None if x is None else (x, _dtype(types)))
+    return result
+
+
+@register_op("Conv", inputs=(2, 3), outputs=1, shape=_conv_shape)
 def conv(ctx: OpContext) -> Outputs:
     """N-d convolution (order NCHW or NHWC) with optional bias, stride/pad/dilation/group."""
     order, xc, wc, geom = _conv_setup(ctx, ctx.inputs[0], ctx.inputs[1])
@@ -261,7 +290,7 @@ def conv(ctx: OpContext) -> Outputs:
     return (cu.channel_last(y.astype(xc.dtype, copy=False), order, ctx.xp),)
 
 
-@register_op("ConvGradient", inputs=3, outputs=(1, 3))
+@register_op("ConvGradient", inputs=3, outputs=(1, 3), shape=_same_as_inputs)
 def conv_gradient(ctx: OpContext) -> Outputs:
     """[X, W, dY] -> [dW, db, dX] ([dW, dX] with no_bias=1; dX only when asked)."""
     x, w, dy = ctx.inputs
@@ -309,7 +338,7 @@ def conv_transpose(ctx: OpContext) -> Outputs:
     return (cu.channel_last(y.astype(xc.dtype, copy=False), order, ctx.xp),)
 
 
-@register_op("ConvTransposeGradient", inputs=3, outputs=(1, 3))
+@register_op("ConvTransposeGradient", inputs=3, outputs=(1, 3), shape=_same_as_inputs)
 def conv_transpose_gradient(ctx: OpContext) -> Outputs:
     """[X, W, dY] -> [dW, db, dX] ([dW, dX] with no_bias=1)."""
     x, w, dy = ctx.inputs
@@ -345,46 +374,10 @@ register_gradient("Conv")(_conv_gradient_maker("ConvGradient"))
 register_gradient("ConvTranspose")(_conv_gradient_maker("ConvTransposeGradient"))
 
 for _nd in (1, 2, 3):  # Caffe2's fixed-rank aliases share the kernels
-    register_op(f"Conv{_nd}D", inputs=(2, 3), outputs=1)(conv)
-    register_op(f"Conv{_nd}DGradient", inputs=3, outputs=(1, 3))(conv_gradient)
+    register_op(f"Conv{_nd}D", inputs=(2, 3), outputs=1, shape=_conv_shape)(conv)
+    register_op(f"Conv{_nd}DGradient", inputs=3, outputs=(1, 3),
+                shape=_same_as_inputs)(conv_gradient)
     register_gradient(f"Conv{_nd}D")(_conv_gradient_maker(f"Conv{_nd}DGradient"))
-
-
-def _conv_shape(op: caffe2_pb2.OperatorDef, shapes: list[Shape | None],
-                types: list[int | None]) -> ShapeResult:
-    x, w = shapes[0], shapes[1]
-    if x is None or w is None:
-        return [None]
-    ctx = _ctx_for(op)
-    order = cu.check_order(ctx)
-    spatial = x[2:] if order == "NCHW" else x[1:-1]
-    kernel = w[2:] if order == "NCHW" else w[1:-1]
-    geom = cu.parse_geometry(ctx, tuple(spatial), kernel_shape=tuple(kernel))
-    out = geom.out_shape(tuple(spatial))
-    m = w[0]
-    shape = (x[0], m, *out) if order == "NCHW" else (x[0], *out, m)
-    return [(shape, _dtype(types))]
-
-
-def _same_as_inputs(op: caffe2_pb2.OperatorDef, shapes: list[Shape | None],
-                    types: list[int | None]) -> ShapeResult:
-    """Gradient ops whose outputs mirror [W, (b), X] shapes."""
-    x, w = shapes[0], shapes[1]
-    result: ShapeResult = [None if w is None else (w, _dtype(types, 1))]
-    no_bias = int(arguments_dict(op.arg).get("no_bias", 0))
-    if not no_bias and len(op.output) > 1:
-        result.append(None)
-    if len(op.output) > len(result):
-        result.append(None if x is None else (x, _dtype(types)))
-    return result
-
-
-for _type in ("Conv", "Conv1D", "Conv2D", "Conv3D"):
-    from dpgraph.ir.registry import OPERATORS as _OPS
-
-    _OPS.lookup(_type).shape_fn = _conv_shape
-    _OPS.lookup(_type + "Gradient").shape_fn = _same_as_inputs
-_OPS.lookup("ConvTransposeGradient").shape_fn = _same_as_inputs
 
 
 # --- Pooling ------------------------------------------------------------------------------

@@ -34,7 +34,7 @@ Blobs = dict[str, Any]
 Placement = dict[str, "DeviceKey | None"]
 #: ``schema.extra[OUTPUT_PLACEMENT](op_key, input_keys, args) -> [key per output]``: ops whose
 #: outputs do not live on the op's own device (CopyGPUToCPU, collectives).
-OUTPUT_PLACEMENT = "output_placement"
+OUTPUT_PLACEMENT = "output_placement"  # same key as dpgraph.ops.device_copy.OUTPUT_PLACEMENT
 
 _ndarray = np.ndarray
 

@@ -1,0 +1,16 @@
+"""Autodiff over NetDefs: Caffe2's gradient registry and backward pass.
+
+``GetBackwardPass(ops, ys)`` returns the gradient ops and ``{blob: gradient}``;
+``Net.AddGradientOperators`` appends them to a net.  Gradient makers live with their op
+families; Python makers can be added through ``GradientRegistry.RegisterGradient``.
+"""
+
+from dpgraph.autodiff.accumulate import GradGenMeta, SparseGradGenMeta
+from dpgraph.autodiff.backward import IR, GetBackwardPass
+from dpgraph.autodiff.registry import GRADIENT_REGISTRY, GradientRegistry
+from dpgraph.autodiff.ssa import OpSSA
+
+__all__ = [
+    "GRADIENT_REGISTRY", "GetBackwardPass", "GradGenMeta", "GradientRegistry", "IR", "OpSSA",
+    "SparseGradGenMeta",
+]

@@ -1,0 +1,506 @@
+"""Sparse and segment operators: gathers, scatters, lengths/segment reductions, one-hots, masks.
+
+``Gather`` has no gradient op: its input gradient is the sparse
+``GradientSlice(indices=INDICES, values=dY)``.  The fused ``SparseLengths*`` reductions make a
+gradient op for the values part only and declare ``GradientSlice(INDICES, DATA_grad_values)``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from dpgraph.ir.arguments import MakeArgument
+from dpgraph.ir.blob import GradientSlice
+from dpgraph.ir.registry import register_gradient, register_op
+from dpgraph.ops.context import OpContext, Outputs
+from dpgraph.ops.gradient_builder import GradientBuilder
+from dpgraph.ops.optim import check_indices, check_rows, writable
+
+FLOAT, INT32, INT64 = 1, 2, 10  # caffe2 TensorProto data types
+
+
+def _int_array(x: Any) -> Any:
+    return np.asarray(x).reshape(-1).astype(np.int64)
+
+
+def _out_dtype(data: Any) -> Any:
+    """Reductions of float16 data give float32, as Caffe2's fused lengths ops."""
+    return np.float32 if data.dtype == np.float16 else data.dtype
+
+
+# --- gathers ---------------------------------------------------------------------------------
+def _gather_indices(ctx: OpContext, indices: Any, size: int) -> Any:
+    idx = np.asarray(indices).astype(np.int64)
+    if ctx.int_arg("wrap_indices", 0):
+        idx = np.where(idx < 0, idx + size, idx)
+    if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= size):
+        raise ctx.fail(f"indices must lie in [0, {size}), got [{int(idx.min())}, "
+                       f"{int(idx.max())}]")
+    return idx
+
+
+def _gather_shape(axis: int) -> Any:
+    def shape_fn(op: Any, shapes: list, types: list) -> list:
+        data, idx = shapes[0], shapes[1]
+        if data is None or idx is None:
+            return [None]
+        return [((*data[:axis], *idx, *data[axis + 1:]), types[0] or FLOAT)]
+
+    return shape_fn
+
+
+@register_op("Gather", inputs=2, outputs=1, shape=_gather_shape(0))
+def gather(ctx: OpContext) -> Outputs:
+    """[DATA, INDICES] -> DATA's slices at INDICES along ``axis`` (default 0)."""
+    data, indices = ctx.inputs
+    axis = ctx.int_arg("axis", 0)
+    axis = axis + data.ndim if axis < 0 else axis
+    idx = _gather_indices(ctx, indices, data.shape[axis])
+    return (ctx.xp.take(data, idx, axis=axis),)
+
+
+@register_gradient("Gather")
+def _gather_grad(g: GradientBuilder) -> None:
+    axis = int(g.arg("axis", 0))
+    if axis == 0:
+        if g.arg("dense_gradient", 0):
+            g.add("SparseToDense", [g.I(1), g.GO(0), g.I(0)], [g.GI(0)])
+        else:
+            g.set_input_grad(0, GradientSlice(g.I(1), g.GO(0)))
+        return
+    g.add("BatchGatherGradient", [g.I(0), g.I(1), g.GO(0)], [g.GI(0)], axis=axis)
+
+
+@register_op("BatchGather", inputs=2, outputs=1, shape=_gather_shape(1))
+def batch_gather(ctx: OpContext) -> Outputs:
+    """[DATA (B×N×...), INDICES] -> DATA[:, INDICES] (gather along ``axis``, default 1)."""
+    data, indices = ctx.inputs
+    axis = ctx.int_arg("axis", 1)
+    idx = _gather_indices(ctx, indices, data.shape[axis])
+    return (ctx.xp.take(data, idx, axis=axis),)
+
+
+@register_gradient("BatchGather")
+def _batch_gather_grad(g: GradientBuilder) -> None:
+    g.add("BatchGatherGradient", [g.I(0), g.I(1), g.GO(0)], [g.GI(0)])
+
+
+@register_op("BatchGatherGradient", inputs=3, outputs=1,
+             shape=lambda op, s, t: [None if s[0] is None else (tuple(s[0]), t[0] or FLOAT)])
+def batch_gather_gradient(ctx: OpContext) -> Outputs:
+    """[DATA, INDICES, dOut] -> dDATA: dOut scattered back (summed) along ``axis``."""
+    data, indices, dout = ctx.inputs
+    axis = ctx.int_arg("axis", 1)
+    idx = _gather_indices(ctx, indices, data.shape[axis])
+    moved = np.zeros((data.shape[axis], *data.shape[:axis], *data.shape[axis + 1:]),
+                     dtype=dout.dtype)
+    # dOut is data[:axis] + idx.shape + data[axis+1:]; bring the idx dims to the front.
+    lead = list(range(axis, axis + idx.ndim))
+    rest = [d for d in range(dout.ndim) if d not in lead]
+    values = np.transpose(dout, lead + rest).reshape(idx.size, *moved.shape[1:])
+    np.add.at(moved, idx.reshape(-1), values)
+    return (np.moveaxis(moved, 0, axis),)
+
+
+# --- scatter ---------------------------------------------------------------------------------
+@register_op("ScatterAssign", inputs=3, outputs=1, inplace=[(0, 0)],
+             shape=lambda op, s, t: [None if s[0] is None else (tuple(s[0]), t[0] or FLOAT)])
+def scatter_assign(ctx: OpContext) -> Outputs:
+    """[DATA, INDICES, SLICES] -> DATA with DATA[INDICES] = SLICES (in place)."""
+    data, indices, slices = ctx.inputs
+    idx = check_indices(ctx, indices, data.shape[0])
+    rows = check_rows(ctx, data, idx, slices, "slices")
+    out = writable(ctx, data, 0, 0)
+    out[idx] = rows.astype(data.dtype, copy=False)
+    return (out,)
+
+
+# --- lengths and segment reductions -------------------------------------------------------------
+def _segment_ids(ctx: OpContext, lengths: Any, total: int) -> Any:
+    lens = _int_array(lengths)
+    if lens.size and int(lens.min()) < 0:
+        raise ctx.fail("lengths must be non-negative")
+    if int(lens.sum()) != total:
+        raise ctx.fail(f"lengths sum to {int(lens.sum())} but there are {total} rows")
+    return np.repeat(np.arange(lens.size), lens), lens
+
+
+def _segment_sum(rows: Any, seg: Any, num: int, dtype: Any) -> Any:
+    out = np.zeros((num, *rows.shape[1:]), dtype=dtype)
+    if rows.shape[0]:
+        np.add.at(out, seg, rows.astype(dtype, copy=False))
+    return out
+
+
+def _per_segment(values: Any, like: Any) -> Any:
+    """A per-segment vector shaped to broadcast against rows ``like``."""
+    return values.reshape((-1,) + (1,) * (like.ndim - 1))
+
+
+def _lengths_reduce(ctx: OpContext, rows: Any, lengths: Any, mean: bool,
+                    weights: Any | None = None) -> Any:
+    seg, lens = _segment_ids(ctx, lengths, rows.shape[0])
+    dtype = _out_dtype(rows)
+    if weights is not None:
+        w = np.asarray(weights).reshape(-1)
+        if w.size != rows.shape[0]:
+            raise ctx.fail(f"weights have {w.size} entries, expected {rows.shape[0]}")
+        rows = rows.astype(dtype) * _per_segment(w.astype(dtype), rows)
+    out = _segment_sum(rows, seg, lens.size, dtype)
+    if mean:
+        out /= _per_segment(np.maximum(lens, 1).astype(dtype), out)
+    return out
+
+
+def _expand_lengths(ctx: OpContext, dout: Any, lengths: Any, mean: bool) -> Any:
+    lens = _int_array(lengths)
+    values = np.repeat(dout, lens, axis=0)
+    if mean:
+        values = values / _per_segment(np.repeat(np.maximum(lens, 1), lens).astype(dout.dtype),
+                                       values)
+    return values.astype(dout.dtype, copy=False)
+
+
+def _gathered(ctx: OpContext, data: Any, indices: Any) -> Any:
+    return data[check_indices(ctx, indices, data.shape[0])]
+
+
+def _lengths_shape(op: Any, shapes: list, types: list) -> list:
+    return [None]
+
+
+@register_op("SparseLengthsSum", inputs=3, outputs=1, shape=_lengths_shape)
+def sparse_lengths_sum(ctx: OpContext) -> Outputs:
+    """[DATA, INDICES, LENGTHS] -> per-segment sums of DATA[INDICES]."""
+    data, indices, lengths = ctx.inputs
+    return (_lengths_reduce(ctx, _gathered(ctx, data, indices), lengths, mean=False),)
+
+
+@register_op("SparseLengthsMean", inputs=3, outputs=1, shape=_lengths_shape)
+def sparse_lengths_mean(ctx: OpContext) -> Outputs:
+    """[DATA, INDICES, LENGTHS] -> per-segment means of DATA[INDICES] (0 if empty)."""
+    data, indices, lengths = ctx.inputs
+    return (_lengths_reduce(ctx, _gathered(ctx, data, indices), lengths, mean=True),)
+
+
+@register_op("SparseLengthsWeightedSum", inputs=4, outputs=1, shape=_lengths_shape)
+def sparse_lengths_weighted_sum(ctx: OpContext) -> Outputs:
+    """[DATA, WEIGHTS, INDICES, LENGTHS] -> per-segment Σ WEIGHTS[i]·DATA[INDICES[i]]."""
+    data, weights, indices, lengths = ctx.inputs
+    rows = _gathered(ctx, data, indices)
+    return (_lengths_reduce(ctx, rows, lengths, mean=False, weights=weights),)
+
+
+def _sparse_values_grad(g: GradientBuilder, op_type: str, inputs: list[str],
+                        indices_input: int) -> None:
+    values = g.GI_V(0)
+    g.add(op_type, inputs, [values])
+    g.set_input_grad(0, GradientSlice(g.I(indices_input), values))
+
+
+@register_gradient("SparseLengthsSum")
+def _sparse_lengths_sum_grad(g: GradientBuilder) -> None:
+    _sparse_values_grad(g, "SparseLengthsSumGradient", [g.GO(0), g.I(2)], 1)
+
+
+@register_gradient("SparseLengthsMean")
+def _sparse_lengths_mean_grad(g: GradientBuilder) -> None:
+    _sparse_values_grad(g, "SparseLengthsMeanGradient", [g.GO(0), g.I(2)], 1)
+
+
+@register_gradient("SparseLengthsWeightedSum")
+def _sparse_lengths_weighted_sum_grad(g: GradientBuilder) -> None:
+    _sparse_values_grad(g, "SparseLengthsWeightedSumGradient", [g.I(1), g.GO(0), g.I(3)], 2)
+
+
+@register_op("LengthsSum", inputs=2, outputs=1, shape=_lengths_shape)
+def lengths_sum(ctx: OpContext) -> Outputs:
+    """[DATA, LENGTHS] -> sums of consecutive row segments."""
+    data, lengths = ctx.inputs
+    return (_lengths_reduce(ctx, data, lengths, mean=False),)
+
+
+@register_op("LengthsMean", inputs=2, outputs=1, shape=_lengths_shape)
+def lengths_mean(ctx: OpContext) -> Outputs:
+    """[DATA, LENGTHS] -> means of consecutive row segments (0 if empty)."""
+    data, lengths = ctx.inputs
+    return (_lengths_reduce(ctx, data, lengths, mean=True),)
+
+
+@register_op("LengthsWeightedSum", inputs=3, outputs=1, shape=_lengths_shape)
+def lengths_weighted_sum(ctx: OpContext) -> Outputs:
+    """[DATA, WEIGHTS, LENGTHS] -> per-segment Σ WEIGHTS[i]·DATA[i]."""
+    data, weights, lengths = ctx.inputs
+    return (_lengths_reduce(ctx, data, lengths, mean=False, weights=weights),)
+
+
+@register_gradient("LengthsSum")
+def _lengths_sum_grad(g: GradientBuilder) -> None:
+    g.add("LengthsSumGradient", [g.GO(0), g.I(1)], [g.GI(0)])
+
+
+@register_gradient("LengthsMean")
+def _lengths_mean_grad(g: GradientBuilder) -> None:
+    g.add("LengthsMeanGradient", [g.GO(0), g.I(1)], [g.GI(0)])
+
+
+@register_gradient("LengthsWeightedSum")
+def _lengths_weighted_sum_grad(g: GradientBuilder) -> None:
+    g.add("LengthsWeightedSumGradient", [g.I(1), g.GO(0), g.I(2)], [g.GI(0)])
+
+
+def _register_expand(op_type: str, mean: bool) -> None:
+    @register_op(op_type, inputs=2, outputs=1)
+    def kernel(ctx: OpContext) -> Outputs:
+        """[dOut, LENGTHS] -> each segment's gradient repeated over its rows."""
+        dout, lengths = ctx.inputs
+        return (_expand_lengths(ctx, dout, lengths, mean),)
+
+
+for _type, _mean in (("SparseLengthsSumGradient", False), ("SparseLengthsMeanGradient", True),
+                     ("LengthsSumGradient", False), ("LengthsMeanGradient", True)):
+    _register_expand(_type, _mean)
+
+
+def _weighted_expand(ctx: OpContext) -> Outputs:
+    weights, dout, lengths = ctx.inputs
+    values = _expand_lengths(ctx, dout, lengths, mean=False)
+    w = np.asarray(weights).reshape(-1).astype(values.dtype)
+    if w.size != values.shape[0]:
+        raise ctx.fail(f"weights have {w.size} entries but lengths sum to {values.shape[0]}")
+    return (values * _per_segment(w, values),)
+
+
+register_op("SparseLengthsWeightedSumGradient", inputs=3, outputs=1)(_weighted_expand)
+register_op("LengthsWeightedSumGradient", inputs=3, outputs=1)(_weighted_expand)
+
+
+def _segment_count(ctx: OpContext, ids: Any, rows: int) -> Any:
+    seg = _int_array(ids)
+    if seg.size != rows:
+        raise ctx.fail(f"segment ids have {seg.size} entries, expected one per row ({rows})")
+    if seg.size and int(seg.min()) < 0:
+        raise ctx.fail("segment ids must be non-negative")
+    return seg
+
+
+@register_op("UnsortedSegmentSum", inputs=2, outputs=1)
+def unsorted_segment_sum(ctx: OpContext) -> Outputs:
+    """[DATA, SEGMENT_IDS] -> per-segment sums (``num_segments``, default max id + 1)."""
+    return (_unsorted_reduce(ctx, mean=False),)
+
+
+@register_op("UnsortedSegmentMean", inputs=2, outputs=1)
+def unsorted_segment_mean(ctx: OpContext) -> Outputs:
+    """[DATA, SEGMENT_IDS] -> per-segment means (0 for empty segments)."""
+    return (_unsorted_reduce(ctx, mean=True),)
+
+
+@register_op("SortedSegmentSum", inputs=2, outputs=1)
+def sorted_segment_sum(ctx: OpContext) -> Outputs:
+    """[DATA, SEGMENT_IDS sorted] -> per-segment sums (last id + 1 segments)."""
+    ids = _int_array(ctx.inputs[1])
+    if ids.size > 1 and bool((np.diff(ids) < 0).any()):
+        raise ctx.fail("SEGMENT_IDS must be sorted")
+    return (_unsorted_reduce(ctx, mean=False),)
+
+
+@register_op("SortedSegmentMean", inputs=2, outputs=1)
+def sorted_segment_mean(ctx: OpContext) -> Outputs:
+    """[DATA, SEGMENT_IDS sorted] -> per-segment means."""
+    return (_unsorted_reduce(ctx, mean=True),)
+
+
+def _unsorted_reduce(ctx: OpContext, mean: bool) -> Any:
+    data, ids = ctx.inputs
+    seg = _segment_count(ctx, ids, data.shape[0])
+    num = ctx.int_arg("num_segments", -1)
+    num = (int(seg.max()) + 1 if seg.size else 0) if num < 0 else num
+    if seg.size and int(seg.max()) >= num:
+        raise ctx.fail(f"segment id {int(seg.max())} >= num_segments {num}")
+    dtype = _out_dtype(data)
+    out = _segment_sum(data, seg, num, dtype)
+    if mean:
+        counts = np.bincount(seg, minlength=num)[:num]
+        out /= _per_segment(np.maximum(counts, 1).astype(dtype), out)
+    return out
+
+
+def _register_segment_grad(forward: str, mean: bool) -> None:
+    grad_type = forward + "Gradient"
+
+    @register_gradient(forward)
+    def maker(g: GradientBuilder) -> None:
+        g.add(grad_type, [g.GO(0), g.I(1)], [g.GI(0)])
+
+    @register_op(grad_type, inputs=2, outputs=1)
+    def kernel(ctx: OpContext) -> Outputs:
+        """[dOut, SEGMENT_IDS] -> dOut[SEGMENT_IDS] (divided by the counts for means)."""
+        dout, ids = ctx.inputs
+        seg = _int_array(ids)
+        values = dout[seg]
+        if mean:
+            counts = np.bincount(seg, minlength=dout.shape[0])
+            values = values / _per_segment(np.maximum(counts[seg], 1).astype(dout.dtype),
+                                           values)
+        return (values.astype(dout.dtype, copy=False),)
+
+
+for _type, _mean in (("UnsortedSegmentSum", False), ("UnsortedSegmentMean", True),
+                     ("SortedSegmentSum", False), ("SortedSegmentMean", True)):
+    _register_segment_grad(_type, _mean)
+
+
+@register_op("LengthsToSegmentIds", inputs=1, outputs=1)
+def lengths_to_segment_ids(ctx: OpContext) -> Outputs:
+    """LENGTHS -> the segment id of every row (int32)."""
+    lens = _int_array(ctx.inputs[0])
+    if lens.size and int(lens.min()) < 0:
+        raise ctx.fail("lengths must be non-negative")
+    return (np.repeat(np.arange(lens.size, dtype=np.int32), lens),)
+
+
+# --- dense conversions ------------------------------------------------------------------------
+@register_op("SparseToDense", inputs=(2, 3), outputs=1)
+def sparse_to_dense(ctx: OpContext) -> Outputs:
+    """[INDICES, VALUES(, DATA_TO_INFER_DIM)] -> dense rows, VALUES summed at INDICES."""
+    indices, values = ctx.inputs[0], ctx.inputs[1]
+    idx = _int_array(indices)
+    if len(ctx.inputs) > 2:
+        rows = int(np.shape(ctx.inputs[2])[0])
+    else:
+        rows = int(idx.max()) + 1 if idx.size else 0
+    check_indices(ctx, idx, rows)
+    values = np.asarray(values)
+    if values.shape[:1] != (idx.size,):
+        raise ctx.fail(f"VALUES must have {idx.size} rows, got shape {values.shape}")
+    out = np.zeros((rows, *values.shape[1:]), dtype=values.dtype)
+    np.add.at(out, idx, values)
+    return (out,)
+
+
+@register_gradient("SparseToDense")
+def _sparse_to_dense_grad(g: GradientBuilder) -> None:
+    g.add("Gather", [g.GO(0), g.I(0)], [g.GI(1)])
+
+
+@register_op("Unique", inputs=1, outputs=(1, 2))
+def unique(ctx: OpContext) -> Outputs:
+    """X (1-D) -> [sorted unique values(, remapping: X = unique[remapping])]."""
+    x = np.asarray(ctx.inputs[0])
+    if x.ndim != 1:
+        raise ctx.fail(f"input must be 1-D, got shape {x.shape}")
+    values, inverse = np.unique(x, return_inverse=True)
+    values = values.astype(x.dtype)
+    if ctx.num_outputs == 1:
+        return (values,)
+    return values, inverse.reshape(-1).astype(np.int32)
+
+
+@register_op("OneHot", inputs=2, outputs=1)
+def one_hot(ctx: OpContext) -> Outputs:
+    """[indices (N), index_size] -> float N×index_size one-hot rows."""
+    size = int(np.asarray(ctx.inputs[1]).reshape(-1)[0])
+    idx = check_indices(ctx, ctx.inputs[0], size)
+    out = np.zeros((idx.size, size), dtype=np.float32)
+    out[np.arange(idx.size), idx] = 1
+    return (out,)
+
+
+@register_op("SegmentOneHot", inputs=3, outputs=1)
+def segment_one_hot(ctx: OpContext) -> Outputs:
+    """[lengths, indices, index_size] -> per segment, 1 at each of its indices."""
+    lengths, indices, size = ctx.inputs
+    size = int(np.asarray(size).reshape(-1)[0])
+    idx = check_indices(ctx, indices, size)
+    seg, lens = _segment_ids(ctx, lengths, idx.size)
+    out = np.zeros((lens.size, size), dtype=np.float32)
+    out[seg, idx] = 1
+    return (out,)
+
+
+@register_op("BatchOneHot", inputs=3, outputs=1)
+def batch_one_hot(ctx: OpContext) -> Outputs:
+    """[X (N×D), LENS (D), VALS (ΣLENS)] -> Y[i, off_j + k] = (X[i, j] == VALS[off_j + k])."""
+    x, lens, vals = ctx.inputs
+    lens = _int_array(lens)
+    x2 = np.asarray(x).reshape(np.shape(x)[0], -1)
+    if lens.size != x2.shape[1] or int(lens.sum()) != np.size(vals):
+        raise ctx.fail(f"LENS must have {x2.shape[1]} entries summing to {np.size(vals)}")
+    columns = np.repeat(np.arange(lens.size), lens)
+    out = x2[:, columns] == np.asarray(vals).reshape(1, -1)
+    return (out.astype(x2.dtype),)
+
+
+# --- masks ------------------------------------------------------------------------------------
+@register_op("BooleanMask", inputs=2, outputs=(1, 2))
+def boolean_mask(ctx: OpContext) -> Outputs:
+    """[data, mask (bool, first dim)] -> [data[mask](, masked_indices int64)]."""
+    data, mask = ctx.inputs
+    mask = np.asarray(mask).reshape(-1).astype(bool)
+    if mask.size != np.shape(data)[0]:
+        raise ctx.fail(f"mask has {mask.size} entries, data has {np.shape(data)[0]} rows")
+    outs = [data[mask], np.flatnonzero(mask).astype(np.int64)]
+    return outs[:ctx.num_outputs]
+
+
+@register_gradient("BooleanMask")
+def _boolean_mask_grad(g: GradientBuilder) -> None:
+    g.add("BooleanMaskGradient", [g.I(1), g.GO(0)], [g.GI(0)])
+
+
+@register_op("BooleanMaskGradient", inputs=2, outputs=1)
+def boolean_mask_gradient(ctx: OpContext) -> Outputs:
+    """[mask, dOut] -> dData: dOut at the kept rows, 0 elsewhere."""
+    mask, dout = ctx.inputs
+    mask = np.asarray(mask).reshape(-1).astype(bool)
+    out = np.zeros((mask.size, *np.shape(dout)[1:]), dtype=dout.dtype)
+    out[mask] = dout
+    return (out,)
+
+
+def _sequence_keep(ctx: OpContext, left: int, right: int) -> Any:
+    """[left, right] boolean array of the entries SequenceMask keeps."""
+    mode = ctx.str_arg("mode", "sequence")
+    cols = np.arange(right)[None, :]
+    rows = np.arange(left)[:, None]
+    if mode == "sequence":
+        lens = _int_array(ctx.inputs[1])
+        if lens.size != left:
+            raise ctx.fail(f"sequence_lengths has {lens.size} entries, expected {left}")
+        return cols < lens[:, None]
+    if mode == "window":
+        centers = _int_array(ctx.inputs[1])
+        radius = ctx.int_arg("radius", 10)
+        return np.abs(cols - centers[:, None]) <= radius
+    triangles = {"upper": cols > rows, "lower": cols < rows,
+                 "upperdiag": cols >= rows, "lowerdiag": cols <= rows}
+    if mode not in triangles:
+        raise ctx.fail(f"unknown mode {mode!r}; use sequence, window, upper, lower, "
+                       "upperdiag or lowerdiag")
+    return ~triangles[mode]
+
+
+@register_op("SequenceMask", inputs=(1, 2), outputs=1)
+def sequence_mask(ctx: OpContext) -> Outputs:
+    """[input(, lengths or window centers)] -> input with masked entries set to fill_val.
+
+    The input is viewed as [prod(dims[:axis]), prod(dims[axis:])]; ``grad=1`` fills with 0.
+    """
+    x = np.asarray(ctx.inputs[0])
+    axis = ctx.int_arg("axis", 1)
+    left = int(np.prod(x.shape[:axis], dtype=np.int64))
+    x2 = x.reshape(left, -1) if left else x.reshape(0, int(np.prod(x.shape[axis:])))
+    keep = _sequence_keep(ctx, left, x2.shape[1])
+    fill = 0.0 if ctx.int_arg("grad", 0) else ctx.float_arg("fill_val", -np.inf)
+    return (np.where(keep, x2, np.asarray(fill, dtype=x.dtype)).reshape(x.shape),)
+
+
+@register_gradient("SequenceMask", copy_arguments=False)
+def _sequence_mask_grad(g: GradientBuilder) -> None:
+    inputs = [g.GO(0)] + list(g.op.input[1:])
+    op = g.add("SequenceMask", inputs, [g.GI(0)])
+    op.arg.extend(g.op.arg)
+    op.arg.append(MakeArgument("grad", 1))

@@ -1,0 +1,176 @@
+"""Single-host gradient all-reduce and master-to-replica broadcast.
+
+Before (2 CPU devices, one gradient)::
+
+    cpu_0/fc_w_grad, cpu_1/fc_w_grad      (produced by the backward pass)
+
+After::
+
+    Sum([cpu_0/fc_w_grad, cpu_1/fc_w_grad]) -> cpu_0/fc_w_grad      (on cpu 0)
+    Copy(cpu_0/fc_w_grad) -> cpu_1/fc_w_grad                         (on cpu 0)
+
+On GPUs the sum follows Caffe2's pairwise trees for 4, 8 and 16 devices (a flat Sum named
+``dpm`` otherwise), with a Copy to the reducing device where there is no peer access;
+``use_nccl`` emits one ``NCCLAllreduce`` per gradient instead.  Sparse (GradientSlice)
+gradients are all-gathered with Concat and copied back to every device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from dpgraph.errors import ParallelizeError
+from dpgraph.ir.blob import GradientSlice
+from dpgraph.parallel._emit import device_option, emit, make_op
+from dpgraph.parallel.state import ParallelState
+from dpgraph.proto import caffe2_pb2
+
+CPU, IDEEP = caffe2_pb2.PROTO_CPU, caffe2_pb2.PROTO_IDEEP
+
+
+class GradientSliceSyncError(ParallelizeError):
+    """Sparse gradients cannot be all-reduced on CPU devices (as in Caffe2)."""
+
+
+def peer_access_pattern() -> np.ndarray | None:
+    """``workspace.GetGpuPeerAccessPattern()``, read at call time (tests may patch it)."""
+    from dpgraph import workspace
+
+    return np.asarray(workspace.GetGpuPeerAccessPattern())
+
+
+def broadcast(state: ParallelState, net: Any, name: str, use_nccl: bool = False) -> None:
+    """Caffe2's ``_Broadcast``: copy the master device's blob ``name`` to the others."""
+    group = state.grouped[name]
+    master = state.master
+    if use_nccl and state.is_gpu_blob(name):
+        blobs = list(group.values())
+        emit(net, make_op("NCCLBroadcast", blobs, blobs,
+                          device_option(state.config.device_type, master), root=0))
+        return
+    ops = []
+    for device in state.devices[1:]:
+        if state.is_gpu_blob(name):
+            option = device_option(state.config.device_type, device)
+        elif state.is_ideep_blob(name):
+            option = device_option(IDEEP, 0)
+        else:
+            option = device_option(CPU, 0)
+        ops.append(make_op("Copy", [group[master]], [group[device]], option))
+    emit(net, *ops)
+
+
+def broadcast_computed_params(state: ParallelState) -> None:
+    """Copy every computed param (e.g. SpatialBN running stats) from the first device."""
+    if len(state.devices) == 1:
+        return
+    for name in state.computed_param_names:
+        broadcast(state, state.model.net, name, state.config.use_nccl)
+
+
+def _sum_tree(count: int) -> list[tuple[int, ...]]:
+    """Index groups of the Sum ops, in order: pairwise trees for 4/8/16, else flat."""
+    if count in (4, 8, 16):
+        steps, width = [], 1
+        while width < count:
+            steps.extend((j, j + width) for j in range(0, count, 2 * width))
+            width *= 2
+        return steps
+    return [tuple(range(count))]
+
+
+def _dense_gpu(state: ParallelState, net: Any, name: str, control: Any,
+               pattern: np.ndarray | None) -> None:
+    group = state.grouped[name]
+    blobs = [group[d] for d in state.devices]
+    dtype = state.config.device_type
+    if state.config.use_nccl and dtype != IDEEP:
+        emit(net, make_op("NCCLAllreduce", blobs, blobs,
+                          device_option(dtype, state.master),
+                          control_input=[control] if control is not None else None))
+        return
+    for indices in _sum_tree(len(blobs)):
+        devices = [state.devices[i] for i in indices]
+        inputs = [blobs[i] for i in indices]
+        option = device_option(dtype, devices[0])
+        ops = []
+        for i, peer in enumerate(devices[1:], start=1):
+            if pattern is not None and pattern.size and not pattern[devices[0], peer]:
+                copy = f"gpu_{devices[0]}/{name}_gpu{peer}_copy"
+                ops.append(make_op("Copy", [inputs[i]], [copy], option))
+                inputs[i] = copy
+        ops.append(make_op("Sum", inputs, [inputs[0]], option, name="dpm"))
+        emit(net, *ops)
+    broadcast(state, net, name)
+
+
+def _sparse_gpu(state: ParallelState, net: Any, name: str, concatenated: set[str]) -> None:
+    group = state.grouped[name]
+    slices = [group[d] for d in state.devices]
+    master_ns = state.namescope(state.master)
+    dtype = state.config.device_type
+    master_opt = device_option(dtype, state.master)
+    if not any(str(g.indices) in concatenated for g in slices):
+        index_concat = f"{master_ns}/{name}_index_concat"
+        ops = [make_op("Concat", [g.indices for g in slices],
+                       [index_concat, f"{master_ns}/{name}_index_splitinfo"], master_opt,
+                       name="note:data_parallel_model", axis=0)]
+        for device, g in group.items():
+            ops.append(make_op("Copy", [index_concat], [g.indices], device_option(dtype, device)))
+            concatenated.add(str(g.indices))
+        emit(net, *ops)
+    value_concat = f"{master_ns}/{name}_val_concat"
+    ops = [make_op("Concat", [g.values for g in slices],
+                   [value_concat, f"{master_ns}/{name}_val_splitinfo"], master_opt,
+                   name="note:data_parallel_model", axis=0)]
+    ops.extend(make_op("Copy", [value_concat], [g.values], device_option(dtype, device))
+               for device, g in group.items())
+    emit(net, *ops)
+
+
+def _cpu_like(state: ParallelState, net: Any, name: str, device_type: int) -> None:
+    group = state.grouped[name]
+    blobs = list(group.values())
+    if isinstance(blobs[0], GradientSlice):
+        raise GradientSliceSyncError(
+            f"Synchronizing gradient slices not supported: gradient {name} is sparse "
+            "(a GradientSlice, e.g. from Gather) on CPU devices; use GPU devices or a dense "
+            "gradient."
+        )
+    emit(net, make_op("Sum", blobs, [blobs[0]], device_option(device_type, 0)))
+    if not state.config.shared_model:
+        broadcast(state, net, name)
+
+
+def allreduce_single_host(state: ParallelState, names: Sequence[str], net: Any) -> None:
+    """Caffe2's ``_AllReduceBlobsSingleHost`` over ``names`` (already in reverse order)."""
+    if len(state.devices) == 1:
+        return
+    pattern = None
+    if state.config.is_gpu and not state.config.use_nccl:
+        pattern = peer_access_pattern()
+    last_out: Any = None
+    concatenated: set[str] = set()
+    for name in names:
+        group = state.grouped[name]
+        if len(group) == 1:
+            continue
+        if len(group) != len(state.devices):
+            raise ParallelizeError(
+                f"Each device of {list(state.devices)} should have a copy of {name}; found "
+                f"it on {sorted(group)}."
+            )
+        if state.is_gpu_blob(name):
+            first = group[state.master]
+            if isinstance(first, GradientSlice):
+                _sparse_gpu(state, net, name, concatenated)
+            else:
+                _dense_gpu(state, net, name, last_out, pattern)
+                last_out = first
+        elif state.is_ideep_blob(name):
+            _cpu_like(state, net, name, IDEEP)
+        else:
+            _cpu_like(state, net, name, CPU)

@@ -1,0 +1,163 @@
+"""Blob grouping by device, parameter validation and blob device inference.
+
+``"gpu_3/fc_w"`` is grouped under ``"fc_w"`` with key ``3``; a GradientSlice is grouped
+under ``"<indices>:<values>"`` (both stripped).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from dpgraph.errors import ParallelizeError
+from dpgraph.ir.blob import BlobReference, GradientSlice
+from dpgraph.ir.device import IsGPUDeviceType, device_name
+from dpgraph.parallel.state import ParallelState
+from dpgraph.proto import caffe2_pb2
+
+_SEP = "/"
+
+
+def stripBlobName(param: Any) -> str:
+    """``"a/b/c"`` -> ``"b/c"``; a GradientSlice gives ``"<indices>:<values>"``."""
+    if isinstance(param, GradientSlice):
+        return stripBlobName(param.indices) + ":" + stripBlobName(param.values)
+    name = str(param)
+    return name[name.index(_SEP) + 1:] if _SEP in name else name
+
+
+def _device_of(blob: Any, prefix: str, what: str) -> int:
+    scope = BlobReference(str(blob)).GetNameScope()
+    head = scope.split(_SEP)[0]
+    if not head.startswith(prefix + "_"):
+        raise ParallelizeError(
+            f"{what} {blob} is expected to have name scope '{prefix}_<device>/'; create it "
+            "inside the builder functions Parallelize calls per device."
+        )
+    try:
+        return int(head[len(prefix) + 1:])
+    except ValueError:
+        raise ParallelizeError(
+            f"{what} {blob}: cannot read a device id from name scope {scope!r}."
+        ) from None
+
+
+def group_by_device(state: ParallelState, blobs: Sequence[Any],
+                    non_data_blobs: Sequence[Any]) -> OrderedDict[str, dict[int, Any]]:
+    """Caffe2's ``_GroupByDevice``: the data-parallel blobs by stripped name and device.
+
+    The first ``len(non_data_blobs)`` entries of ``blobs`` existed before Parallelize and
+    are not data parallel.
+    """
+    prefix = state.config.device_prefix
+    grouped: OrderedDict[str, dict[int, Any]] = OrderedDict()
+    for blob in list(blobs)[len(non_data_blobs):]:
+        if isinstance(blob, GradientSlice):
+            device = _device_of(blob.indices, prefix, "Gradient indices")
+            if _device_of(blob.values, prefix, "Gradient values") != device:
+                raise ParallelizeError(
+                    f"GradientSlice {blob} has indices and values on different devices."
+                )
+        elif isinstance(blob, BlobReference):
+            device = _device_of(blob, prefix, "Blob")
+        else:
+            raise ParallelizeError(
+                f"Param {blob!r} is not a BlobReference or GradientSlice."
+            )
+        grouped.setdefault(stripBlobName(blob), {})[device] = blob
+    return grouped
+
+
+def validate_params(params: Sequence[Any]) -> None:
+    """Params must be unique; the error lists the duplicates."""
+    seen: set[str] = set()
+    dupes: list[str] = []
+    for p in params:
+        name = str(p)
+        if name in seen:
+            dupes.append(name)
+        seen.add(name)
+    if dupes:
+        raise ParallelizeError(
+            f"Duplicate entries in params: {sorted(set(dupes))}; each param must be created "
+            "once per device (use model.create_param / brew helpers)."
+        )
+
+
+def _map_ops(ops: Iterable[caffe2_pb2.OperatorDef], mapping: dict[str, Any]) -> None:
+    cpu = caffe2_pb2.DeviceOption()
+    cpu.device_type = caffe2_pb2.PROTO_CPU
+    for op in ops:
+        option = cpu if op.type == "Iter" else op.device_option
+        for b in op.input:
+            if b not in mapping:
+                mapping[b] = option
+        for b in op.output:
+            if b not in mapping:
+                mapping[b] = option
+        if op.type.startswith("RecurrentNetwork"):
+            for arg in op.arg:
+                if arg.name.endswith("step_net"):
+                    _map_ops(arg.n.op, mapping)
+
+
+def infer_blob_device(state: ParallelState) -> None:
+    """Caffe2's ``_InferBlobDevice``: each blob takes the device of its first op."""
+    mapping: dict[str, Any] = {}
+    _map_ops(state.model.param_init_net.Proto().op, mapping)
+    _map_ops(state.model.net.Proto().op, mapping)
+    state.blob_to_device = mapping
+
+
+def _crosses_devices_ok(op: caffe2_pb2.OperatorDef) -> bool:
+    if "NCCL" in op.type or "Copy" in op.type or "Concat" in op.type:
+        return True
+    if op.type == "Sum" and op.name == "dpm":
+        return True
+    return "Allreduce" in op.type and "GLOO" in op.engine
+
+
+def analyze_operators(state: ParallelState) -> None:
+    """No GPU op may touch another device's blobs, except copies and collectives."""
+    prefix = state.config.device_prefix + "_"
+    for index, op in enumerate(state.model.net.Proto().op):
+        if _crosses_devices_ok(op) or not IsGPUDeviceType(op.device_option.device_type):
+            continue
+        namescope = f"{prefix}{op.device_option.device_id}/"
+        for blob in list(op.input) + list(op.output):
+            if blob.startswith(prefix) and not blob.startswith(namescope):
+                raise ParallelizeError(
+                    f"Blob {blob} of op #{index} {op.type} (on "
+                    f"{device_name(op.device_option)}) should have namescope {namescope}; "
+                    "an op may only use blobs of its own device (use Copy to move data)."
+                )
+
+
+def compute_blobs_to_sync(state: ParallelState) -> tuple[list[BlobReference], list[str]]:
+    """Caffe2's ``_ComputeBlobsToSync``: data-parallel param-init outputs (sorted by
+    device, then name) and their stripped names."""
+    model, prefix = state.model, state.config.device_prefix
+    if state.config.shared_model:
+        blobs = [str(p) for p in model.GetComputedParams("")]
+        names = sorted({stripBlobName(b) for b in blobs})
+    else:
+        blobs, name_set = [], set()
+        for op in model.param_init_net.Proto().op:
+            for out in op.output:
+                if out.startswith(prefix + "_"):
+                    blobs.append(out)
+                    name_set.add(stripBlobName(out))
+        missing = sorted(set(state.param_names) - name_set)
+        if missing:
+            raise ParallelizeError(
+                f"Some params not instantiated in param init net: {missing}; create every "
+                "param with an init op in model.param_init_net inside the device scope."
+            )
+        names = sorted(name_set)
+    start = len(prefix) + 1
+
+    def sort_key(b: str) -> tuple[int, str]:
+        return (int(b[start:b.index(_SEP)]), b)
+
+    return [BlobReference(b) for b in sorted(set(blobs), key=sort_key)], names

@@ -1,0 +1,50 @@
+"""Parameter synchronisation: the initial sync appended to the param init net,
+``AddBlobSync`` and the checkpoint broadcast net.
+
+Before (2 CPU devices)::
+
+    param_init_net: XavierFill -> cpu_0/fc_w, XavierFill -> cpu_1/fc_w
+
+After::
+
+    param_init_net: ..., Copy(cpu_0/fc_w) -> cpu_1/fc_w
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from dpgraph.parallel.allreduce import broadcast
+from dpgraph.parallel.distributed import get_distributed_hooks
+from dpgraph.parallel.grouping import compute_blobs_to_sync, group_by_device
+from dpgraph.parallel.state import ParallelState
+
+
+def sync_params(state: ParallelState, init_net: Any, net: Any, names: Iterable[str],
+                max_concurrent_distributed_ops: int = 4) -> None:
+    """Caffe2's ``_SyncAllParams``: broadcast every name from the master device.
+
+    Names are visited sorted, so every run (and every host) emits the same op order.
+    """
+    ordered = sorted(names)
+    config = state.config
+    if config.rendezvous is not None and config.rendezvous.is_distributed:
+        get_distributed_hooks(config).sync_params(state, init_net, net, ordered,
+                                                  max_concurrent_distributed_ops)
+        return
+    for name in ordered:
+        broadcast(state, net, name)
+
+
+def register_blobs_to_sync(state: ParallelState) -> None:
+    """Group the blobs to sync by device and remember their names."""
+    blobs, names = compute_blobs_to_sync(state)
+    state.grouped.update(group_by_device(state, blobs, []))
+    state.sync_names = names
+
+
+def add_initial_sync(state: ParallelState) -> None:
+    """Copy ops from the first device, appended to the param init net."""
+    init_net = state.model.param_init_net
+    sync_params(state, init_net, init_net, state.sync_names, max_concurrent_distributed_ops=1)

@@ -1,0 +1,79 @@
+"""Caffe2's ``workspace`` module: the current workspace, blobs, nets, plans and devices.
+
+A thin facade over :mod:`dpgraph.runtime`; ``has_gpu_support``, ``has_cuda_support`` and
+``has_hip_support`` are evaluated on access, so they follow :func:`SetVirtualGpus`.
+"""
+
+from typing import Any
+
+from dpgraph.ir.device import CUDA
+from dpgraph.ir.net import operator_tracebacks
+from dpgraph.ir.scope import CurrentNameScope as GetNameScope
+from dpgraph.runtime import devices as _devices
+from dpgraph.runtime.api import (
+    Blobs,
+    CreateBlob,
+    CreateNet,
+    CurrentWorkspace,
+    DeserializeBlob,
+    FeedBlob,
+    FetchBlob,
+    FetchBlobs,
+    GetNetName,
+    GlobalInit,
+    HasBlob,
+    InferShapesAndTypes,
+    Nets,
+    RegisteredOperators,
+    ResetBlob,
+    ResetWorkspace,
+    RootFolder,
+    RunNet,
+    RunNetOnce,
+    RunOperatorOnce,
+    RunOperatorsOnce,
+    RunPlan,
+    SerializeBlob,
+    StringifyBlobName,
+    StringifyNetName,
+    StringifyProto,
+    SwitchWorkspace,
+    WorkspaceGuard,
+    Workspaces,
+    blobs,
+)
+from dpgraph.runtime.devices import (
+    GetCUDAVersion,
+    GetCuDNNVersion,
+    GetDeviceProperties,
+    GetGpuPeerAccessPattern,
+    NumGpuDevices,
+    SetVirtualGpus,
+)
+from dpgraph.runtime.workspace import Workspace
+
+GpuDeviceType = CUDA
+NumCudaDevices = NumGpuDevices
+GetCudaPeerAccessPattern = GetGpuPeerAccessPattern  # Caffe2 2018 name
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("has_gpu_support", "has_cuda_support"):
+        return _devices.NumGpuDevices() > 0
+    if name == "has_hip_support":
+        return False
+    raise AttributeError(f"module 'dpgraph.workspace' has no attribute {name!r}")
+
+
+__all__ = [
+    "Blobs", "CreateBlob", "CreateNet", "CurrentWorkspace", "DeserializeBlob",
+    "FeedBlob", "FetchBlob", "FetchBlobs", "GetCUDAVersion", "GetCuDNNVersion",
+    "GetCudaPeerAccessPattern", "GetDeviceProperties",
+    "GetGpuPeerAccessPattern", "GetNameScope", "GetNetName", "GlobalInit", "GpuDeviceType",
+    "HasBlob", "InferShapesAndTypes", "Nets", "NumCudaDevices", "NumGpuDevices",
+    "RegisteredOperators", "ResetBlob", "ResetWorkspace", "RootFolder", "RunNet",
+    "RunNetOnce", "RunOperatorOnce", "RunOperatorsOnce", "RunPlan", "SerializeBlob",
+    "SetVirtualGpus", "StringifyBlobName", "StringifyNetName", "StringifyProto",
+    "SwitchWorkspace", "Workspace", "WorkspaceGuard", "Workspaces", "blobs",
+    "operator_tracebacks",
+]
