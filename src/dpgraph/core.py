@@ -12,8 +12,8 @@ from dpgraph.ir.device import DeviceOption, IsGPUDeviceType, device_equal, devic
 from dpgraph.ir.net import Net
 from dpgraph.ir.operator import CreateOperator, _RectifyInputOutput
 from dpgraph.ir.registry import OPERATORS
-from dpgraph.ir.transforms import InjectCrossDeviceCopies
 from dpgraph.ir.scope import DeviceScope, EmptyDeviceScope, EmptyNameScope, NameScope
+from dpgraph.ir.transforms import InjectCrossDeviceCopies
 from dpgraph.proto import caffe2_pb2
 
 
@@ -52,7 +52,8 @@ def GlobalInit(args: list[str]) -> bool:
 __all__ = [
     "BlobReference", "CreateOperator", "DataType", "DeviceOption", "DeviceScope",
     "EmptyDeviceScope", "EmptyNameScope", "GlobalInit", "GradientSlice", "InferBlobDevices",
-    "InjectCrossDeviceCopies", "IsGPUDeviceType", "IsOperator", "IsOperatorWithEngine", "NameScope", "Net",
+    "InjectCrossDeviceCopies", "IsGPUDeviceType", "IsOperator", "IsOperatorWithEngine",
+    "NameScope", "Net",
     "RefreshRegisteredOperators", "RegisteredOperators", "ScopedBlobReference", "ScopedName",
     "_RectifyInputOutput", "device_equal", "device_option_equal", "get_op_ids_in_path",
     "get_output_producers", "get_ssa", "get_undefined_blobs",

@@ -80,7 +80,7 @@ def device_key(option: caffe2_pb2.DeviceOption | None) -> DeviceKey:
     return (option.device_type, option.device_id)
 
 
-_TYPE_NAMES = {CPU: "cpu", CUDA: "gpu", HIP: "gpu", IDEEP: "ideep",
+_TYPE_NAMES: dict[int, str] = {CPU: "cpu", CUDA: "gpu", HIP: "gpu", IDEEP: "ideep",
                caffe2_pb2.PROTO_MKLDNN: "mkldnn"}
 
 

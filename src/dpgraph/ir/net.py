@@ -12,10 +12,10 @@ import numpy as np
 
 from dpgraph.errors import BlobNotFoundError, NetError, UnknownOperatorError, did_you_mean
 from dpgraph.ir import scope
+from dpgraph.ir.arguments import MakeArgument
 from dpgraph.ir.blob import BlobReference, ScopedBlobReference, ScopedName, blob_name
 from dpgraph.ir.device import DeviceOption, IsGPUDeviceType
 from dpgraph.ir.operator import CreateOperator, RectifyInputOutput
-from dpgraph.ir.arguments import MakeArgument
 from dpgraph.ir.registry import OPERATORS
 from dpgraph.proto import caffe2_pb2
 
@@ -367,6 +367,7 @@ class Net:
         fills = {np.dtype(np.int32): "GivenTensorIntFill",
                  np.dtype(np.int64): "GivenTensorInt64Fill",
                  np.dtype(np.bool_): "GivenTensorBoolFill"}
+        values: list[Any]
         if array.dtype.kind in "USO":
             op_type, values = "GivenTensorStringFill", [str(v) for v in array.flatten()]
         else:

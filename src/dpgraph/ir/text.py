@@ -58,7 +58,7 @@ def _encode_argument(argument: caffe2_pb2.Argument) -> Any:
         return int(argument.i)
     if argument.HasField("s"):
         return _encode_bytes(argument.s)
-    for field, kind in (("floats", None), ("ints", None), ("strings", None),
+    for field, kind in (("floats", ""), ("ints", ""), ("strings", ""),
                         ("nets", "$net"), ("tensors", "$tensor"), ("qtensors", "$qtensor")):
         values = list(getattr(argument, field))
         if not values:
@@ -69,7 +69,7 @@ def _encode_argument(argument: caffe2_pb2.Argument) -> Any:
             return [int(v) for v in values]
         if field == "strings":
             return [_encode_bytes(v) for v in values]
-        return [_encode_message(kind or "", v) for v in values]
+        return [_encode_message(kind, v) for v in values]
     return []
 
 

@@ -44,7 +44,7 @@ def _schema_problems(index: int, op: caffe2_pb2.OperatorDef) -> list[str]:
 
 
 def _definition_problems(proto: caffe2_pb2.NetDef, known: set[str]) -> list[str]:
-    problems = []
+    problems: list[str] = []
     defined = set(proto.external_input) | known
     check_inputs = bool(proto.external_input)
     for index, op in enumerate(proto.op):
@@ -73,7 +73,7 @@ def blob_device_scope(blob: str) -> tuple[str, int] | None:
 
 def _device_problems(proto: caffe2_pb2.NetDef) -> list[str]:
     default = proto.device_option if proto.HasField("device_option") else None
-    problems = []
+    problems: list[str] = []
     for index, op in enumerate(proto.op):
         if _crosses_devices(op):
             continue

@@ -1,0 +1,157 @@
+"""Blobs queues: CreateBlobsQueue, EnqueueBlobs, SafeEnqueueBlobs, DequeueBlobs,
+SafeDequeueBlobs, CloseBlobsQueue.
+
+A queue blob holds a bounded, thread-safe :class:`BlobsQueue` of records (one value per
+blob).  Enqueueing blocks while the queue is full, dequeueing blocks while it is empty;
+closing wakes every waiter: enqueues then fail, dequeues drain what is left and then fail
+(the ``Safe`` variants report that through a bool status output instead of failing).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from typing import Any
+
+import numpy as np
+
+from dpgraph.errors import QueueClosedError, ShapeError, WorkspaceError
+from dpgraph.ir.registry import register_op
+from dpgraph.ops.context import OpContext, Outputs
+
+
+class BlobsQueue:
+    """A bounded FIFO of records; ``put``/``get`` block, ``close`` ends it cleanly."""
+
+    def __init__(self, name: str, capacity: int, num_blobs: int) -> None:
+        if capacity < 1:
+            raise ShapeError(f"queue {name!r}: capacity must be >= 1, got {capacity}.")
+        self.name, self.capacity, self.num_blobs = name, capacity, num_blobs
+        self._items: deque[tuple[Any, ...]] = deque()
+        self._cond = threading.Condition()
+        self.closed = False
+
+    def __repr__(self) -> str:
+        return (f"BlobsQueue({self.name!r}, {len(self._items)}/{self.capacity} records"
+                f"{', closed' if self.closed else ''})")
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def put(self, record: tuple[Any, ...], timeout: float | None = None) -> bool:
+        """Append ``record``; False if the queue is (or gets) closed."""
+        with self._cond:
+            if not self._cond.wait_for(
+                    lambda: self.closed or len(self._items) < self.capacity, timeout):
+                raise WorkspaceError(f"queue {self.name!r}: enqueue timed out after "
+                                     f"{timeout} s (queue full).")
+            if self.closed:
+                return False
+            self._items.append(record)
+            self._cond.notify_all()
+            return True
+
+    def get(self, timeout: float | None = None) -> tuple[Any, ...] | None:
+        """The oldest record; ``None`` once the queue is closed and drained."""
+        with self._cond:
+            if not self._cond.wait_for(lambda: self.closed or bool(self._items), timeout):
+                raise WorkspaceError(f"queue {self.name!r}: dequeue timed out after "
+                                     f"{timeout} s (queue empty).")
+            if not self._items:
+                return None
+            record = self._items.popleft()
+            self._cond.notify_all()
+            return record
+
+    def close(self) -> None:
+        with self._cond:
+            self.closed = True
+            self._cond.notify_all()
+
+
+def _queue(ctx: OpContext) -> BlobsQueue:
+    queue = ctx.inputs[0]
+    if not isinstance(queue, BlobsQueue):
+        raise ShapeError(ctx.describe(
+            f"input {ctx.input_name(0)!r} is not a queue (got {type(queue).__name__}); "
+            "create it with CreateBlobsQueue."))
+    return queue
+
+
+def _record(ctx: OpContext, queue: BlobsQueue) -> tuple[Any, ...]:
+    values = ctx.inputs[1:]
+    if len(values) != queue.num_blobs:
+        raise ShapeError(ctx.describe(
+            f"queue {queue.name!r} holds {queue.num_blobs} blobs per record, got {len(values)}."))
+    return tuple(v.copy() if hasattr(v, "copy") and hasattr(v, "shape") else v for v in values)
+
+
+def _timeout(ctx: OpContext) -> float | None:
+    seconds = ctx.float_arg("timeout_secs", 0.0)
+    return seconds if seconds > 0 else None
+
+
+def _status(closed: bool) -> np.ndarray:
+    return np.array(closed, dtype=np.bool_)
+
+
+@register_op("CreateBlobsQueue", inputs=0, outputs=1, side_effects=True)
+def create_blobs_queue(ctx: OpContext) -> Outputs:
+    """A new queue; args capacity (default 1), num_blobs (default 1), name."""
+    name = ctx.str_arg("name", "") or ctx.output_name(0)
+    return (BlobsQueue(name, ctx.int_arg("capacity", 1), ctx.int_arg("num_blobs", 1)),)
+
+
+@register_op("EnqueueBlobs", inputs=(2, None), outputs=(1, None),
+             inplace=[(i + 1, i) for i in range(64)], side_effects=True)
+def enqueue_blobs(ctx: OpContext) -> Outputs:
+    """Append (copies of) the blobs as one record; fails if the queue is closed."""
+    queue = _queue(ctx)
+    if not queue.put(_record(ctx, queue), _timeout(ctx)):
+        raise QueueClosedError(ctx.describe(f"queue {queue.name!r} is closed."))
+    return tuple(ctx.inputs[1:])
+
+
+@register_op("SafeEnqueueBlobs", inputs=(2, None), outputs=(2, None),
+             inplace=[(i + 1, i) for i in range(64)], side_effects=True)
+def safe_enqueue_blobs(ctx: OpContext) -> Outputs:
+    """Like EnqueueBlobs; the extra last output is True when the queue was closed."""
+    queue = _queue(ctx)
+    ok = queue.put(_record(ctx, queue), _timeout(ctx))
+    return (*ctx.inputs[1:], _status(not ok))
+
+
+@register_op("DequeueBlobs", inputs=1, outputs=(1, None), side_effects=True)
+def dequeue_blobs(ctx: OpContext) -> Outputs:
+    """Pop one record into the outputs; blocks while empty, fails once closed and empty."""
+    queue = _queue(ctx)
+    record = queue.get(_timeout(ctx))
+    if record is None:
+        raise QueueClosedError(ctx.describe(f"queue {queue.name!r} is closed and empty."))
+    if len(record) != ctx.num_outputs:
+        raise ShapeError(ctx.describe(
+            f"records of queue {queue.name!r} hold {len(record)} blobs, the op has "
+            f"{ctx.num_outputs} outputs."))
+    return record
+
+
+@register_op("SafeDequeueBlobs", inputs=1, outputs=(2, None), side_effects=True)
+def safe_dequeue_blobs(ctx: OpContext) -> Outputs:
+    """Like DequeueBlobs; the last output is True (outputs unchanged) once closed and empty."""
+    queue = _queue(ctx)
+    record = queue.get(_timeout(ctx))
+    count = ctx.num_outputs - 1
+    if record is None:
+        return (*(ctx.prev_output(i) for i in range(count)), _status(True))
+    if len(record) != count:
+        raise ShapeError(ctx.describe(
+            f"records of queue {queue.name!r} hold {len(record)} blobs, the op has {count} "
+            "data outputs."))
+    return (*record, _status(False))
+
+
+@register_op("CloseBlobsQueue", inputs=1, outputs=0, side_effects=True)
+def close_blobs_queue(ctx: OpContext) -> Outputs:
+    """Close the queue: waiting and later dequeues drain it, then end."""
+    _queue(ctx).close()
+    return ()

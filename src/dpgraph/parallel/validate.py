@@ -1,0 +1,55 @@
+"""Up-front validation of a Parallelize call (nothing is mutated before it passes)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from dpgraph.errors import ParallelizeError
+from dpgraph.ir import scope
+from dpgraph.ir.device import IsGPUDeviceType, device_name
+from dpgraph.parallel.config import ParallelConfig, check_supported
+from dpgraph.proto import caffe2_pb2
+
+log = logging.getLogger("dpgraph.parallel")
+
+
+def validate_call(model: Any, config: ParallelConfig) -> None:
+    """Device scope, builder exclusivity, model type and unsupported features."""
+    current = scope.CurrentDeviceScope()
+    if current is not None and current.device_type != caffe2_pb2.PROTO_CPU:
+        raise ParallelizeError(
+            f"Parallelize must be called without device-scope, device scope was: "
+            f"{device_name(current)}; call it outside `with core.DeviceScope(...)`."
+        )
+    for attr in ("net", "param_init_net", "params", "AddGradientOperators"):
+        if not hasattr(model, attr):
+            raise ParallelizeError(
+                f"Parallelize needs a model_helper.ModelHelper; {type(model).__name__} has no "
+                f"{attr!r}."
+            )
+    if config.input_builder_fun is None or config.forward_pass_builder_fun is None:
+        raise ParallelizeError("Parallelize needs input_builder_fun and "
+                               "forward_pass_builder_fun.")
+    check_supported(config)
+    _warn_gpus(config)
+    if not config.has_parameter_updates and getattr(model, "init_params", False):
+        log.warning(
+            "Parallelize without param_update_builder_fun/optimizer_builder_fun on a model "
+            "with init_params=True: running its param_init_net would overwrite parameters "
+            "synchronised by the training model; create test models with init_params=False."
+        )
+
+
+def _warn_gpus(config: ParallelConfig) -> None:
+    if not IsGPUDeviceType(config.device_type):
+        return
+    try:
+        from dpgraph import workspace
+
+        available = workspace.NumGpuDevices()
+    except (ImportError, AttributeError):
+        return
+    missing = [d for d in config.devices if d >= available]
+    if missing:
+        log.warning("** Only %d GPUs available, GPUs %s requested", available, missing)
