@@ -124,6 +124,10 @@ class CheckpointError(DpgraphError, ValueError):
     """A checkpoint file is truncated, corrupt or does not match the model."""
 
 
+class OpsLibraryError(NotSupportedError, OSError):
+    """``dyndep.InitOpsLibrary`` was given a Caffe2 ops library dpgraph does not provide."""
+
+
 class ModelConfigError(ModelError, ValueError):
     """A model or helper got an invalid setting (storage order, dims, shapes)."""
 

@@ -22,7 +22,7 @@ def grad_ops(op_type: str, inputs: list[str], outputs: list[str], g_out: list, *
     return build_gradient(make_op(op_type, inputs, outputs, **kw), g_out)
 
 
-# --- SoftmaxWithLoss -----------------------------------------------------------------------
+# --- SoftmaxWithLoss -------------------------------------------------------------------------
 def test_softmax_with_loss_matches_reference() -> None:
     x = RNG.standard_normal((5, 4)).astype(np.float32)
     label = np.array([0, 3, 1, 2, 3], np.int32)
@@ -103,7 +103,7 @@ def test_spatial_softmax_with_loss_ignores_dont_care() -> None:
     check_gradient(op2, [x, label], inputs_to_check=[0], outputs_with_grads=(1,))
 
 
-# --- cross entropies ----------------------------------------------------------------------------
+# --- cross entropies -------------------------------------------------------------------------
 def test_label_cross_entropy_and_gradient() -> None:
     p = RNG.uniform(0.1, 1, (4, 5))
     label = np.array([4, 0, 2, 2], np.int32)
@@ -135,7 +135,7 @@ def test_make_two_class_and_gradient() -> None:
     check_gradient(op, [x])
 
 
-# --- distances, averages, accuracy -----------------------------------------------------------------
+# --- distances, averages, accuracy -----------------------------------------------------------
 @pytest.mark.parametrize("shape", [(4, 3), (5,), (2, 3, 2)])
 def test_squared_l2_distance_and_gradient(shape: tuple[int, ...]) -> None:
     x, y = RNG.standard_normal(shape), RNG.standard_normal(shape)
@@ -180,7 +180,7 @@ def test_dot_product_and_gradient() -> None:
     check_gradient(op, [x, y])
 
 
-# --- criteria ---------------------------------------------------------------------------------------
+# --- criteria --------------------------------------------------------------------------------
 def test_cosine_embedding_criterion_and_gradient() -> None:
     s = np.array([0.9, -0.6, 0.4, 0.25])
     y = np.array([1, -1, -1, 1], np.int32)
@@ -212,3 +212,29 @@ def test_bernoulli_jsd_and_gradient() -> None:
     ops, _ = grad_ops("BernoulliJSD", ["p", "q"], ["l"], ["l_grad"])
     assert list(ops[0].input) == ["l_grad", "p", "q"]
     check_gradient(op, [p, q], inputs_to_check=[0])
+
+
+def test_pair_wise_loss_groups_and_gradient() -> None:
+    x = RNG.standard_normal(7)
+    label = np.array([1.0, 0.0, 2.0, 2.0, 0.0, 1.0, 1.0])
+    lengths = np.array([4, 0, 3], np.int32)
+    op = make_op("PairWiseLoss", ["X", "label", "lengths"], ["out"])
+    (out,) = run_op(op, [x, label, lengths])
+    want = []
+    for lo, hi in ((0, 4), (4, 4), (4, 7)):
+        terms = [np.log1p(np.exp(-np.sign(label[i] - label[j]) * (x[i] - x[j])))
+                 for i in range(lo, hi) for j in range(lo, hi) if label[i] != label[j]]
+        want.append(np.mean(terms) if terms else 0.0)
+    np.testing.assert_allclose(out, want, rtol=1e-6)
+    ops, _ = grad_ops("PairWiseLoss", ["X", "label", "lengths"], ["out"], ["out_grad"])
+    assert list(ops[0].input) == ["X", "label", "out_grad", "lengths"]
+    check_gradient(op, [x, label, lengths], inputs_to_check=[0])
+    single = make_op("PairWiseLoss", ["X", "label"], ["out"])
+    assert run_op(single, [x, label])[0].shape == (1,)
+    check_gradient(single, [x, label], inputs_to_check=[0])
+
+
+def test_label_cross_entropy_one_dimensional_input_is_one_row() -> None:
+    p = np.array([0.2, 0.5, 0.3])
+    (y,) = run_op(make_op("LabelCrossEntropy", ["P", "label"], ["Y"]), [p, np.array([1])])
+    np.testing.assert_allclose(y, [-np.log(0.5)])

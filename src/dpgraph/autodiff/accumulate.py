@@ -59,11 +59,19 @@ Generator = GradGenMeta | SparseGradGenMeta
 
 
 # --- collecting generators -----------------------------------------------------------------
-def _final_writes(grad_ops: Sequence[caffe2_pb2.OperatorDef]) -> list[tuple[int, int, str]]:
-    """``(op index, output position, name)`` of every output not rewritten by a later op."""
-    last_writer = {name: k for k, op in enumerate(grad_ops) for name in op.output}
-    return [(k, i, name) for k, op in enumerate(grad_ops) for i, name in enumerate(op.output)
-            if last_writer[name] == k]
+def _gradient_writes(grad_ops: Sequence[caffe2_pb2.OperatorDef]) -> list[tuple[int, int, str]]:
+    """``(op index, output position, name)`` of every output of the gradient ops.
+
+    Two ops writing the same name are two pieces (``Mul(x, x)``), except that an op
+    updating a name in place (reading and writing it) refines the earlier piece.
+    """
+    writes: list[tuple[int, int, str]] = []
+    for k, grad_op in enumerate(grad_ops):
+        for i, name in enumerate(grad_op.output):
+            if name in grad_op.input:
+                writes = [w for w in writes if w[2] != name]
+            writes.append((k, i, name))
+    return writes
 
 
 def _input_of_gradient(g_input: Sequence[object], name: str) -> int | None:
@@ -86,7 +94,7 @@ def grad_op_generators(
     """
     found: list[tuple[str, Generator]] = []
     sparse: dict[str, SparseGradGenMeta] = {}
-    for k, i, name in _final_writes(grad_ops):
+    for k, i, name in _gradient_writes(grad_ops):
         index = _input_of_gradient(g_input, name)
         if index is None:
             continue

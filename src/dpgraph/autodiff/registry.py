@@ -19,6 +19,17 @@ from dpgraph.ops.gradient_builder import build_gradient
 from dpgraph.proto import caffe2_pb2
 
 GradValue = str | GradientSlice | None
+
+#: Ops Caffe2 registers with ``NO_GRADIENT``: a gradient reaching them silently stops (their
+#: inputs get none).  Used only when neither the schema nor Python registers a maker.
+CAFFE2_NO_GRADIENT_OPS = frozenset({
+    "StopGradient", "Iter", "AtomicIter", "LearningRate",
+    "ConstantFill", "UniformFill", "UniformIntFill", "UniqueUniformFill", "GaussianFill",
+    "XavierFill", "MSRAFill", "RangeFill", "LengthsRangeFill", "DiagonalFill",
+    "GivenTensorFill", "GivenTensorDoubleFill", "GivenTensorBoolFill", "GivenTensorIntFill",
+    "GivenTensorInt64Fill", "GivenTensorStringFill",
+})
+
 PythonMaker = Callable[[caffe2_pb2.OperatorDef, list[GradValue]], tuple[Any, Any]]
 
 
@@ -59,6 +70,7 @@ class GradientRegistry:
 
     def __init__(self) -> None:
         self.gradient_registry_: dict[str, PythonMaker] = {}
+        self.no_gradient_: set[str] = set(CAFFE2_NO_GRADIENT_OPS)
 
     def RegisterGradient(self, op_type: str) -> Callable[[PythonMaker], PythonMaker]:
         """Decorator registering a Python gradient maker for ``op_type``."""
@@ -72,6 +84,10 @@ class GradientRegistry:
 
         return decorate
 
+    def NoGradient(self, op_type: str) -> None:
+        """Declare that gradients stop at ``op_type`` (Caffe2's ``NO_GRADIENT``)."""
+        self.no_gradient_.add(op_type)
+
     def has_gradient(self, op_type: str) -> bool:
         """True if ``op_type`` has a schema or Python gradient maker."""
         schema = OPERATORS.get(op_type)
@@ -83,7 +99,8 @@ class GradientRegistry:
         """The gradient ops of ``op`` and its input gradients, given output gradients.
 
         The schema's maker is tried first (after checking the op against its schema);
-        Python-registered makers only when that fails.
+        Python-registered makers only when that fails.  Ops declared ``NO_GRADIENT``
+        without a maker give no gradient ops and no input gradients.
         """
         g_output = [normalize_gradient(g) for g in g_output]
         schema = OPERATORS.get(op.type)
@@ -97,6 +114,8 @@ class GradientRegistry:
         if maker is not None:
             grad_ops, g_input = maker(op, list(g_output))
             return _as_op_list(grad_ops), [normalize_gradient(g) for g in g_input]
+        if op.type in self.no_gradient_:
+            return [], [None] * len(op.input)
         if problem is not None:
             raise GradientError(
                 f"Operator def did not pass schema checking while creating its gradient: "

@@ -156,6 +156,7 @@ class BaseBackend(ABC):
     # --- public collectives ------------------------------------------------------------
     def allreduce(self, buffers: Sequence[Any], timeout: float | None = None) -> list[Any]:
         buffers = list(buffers)
+        self._check_open("allreduce")
         check_buffers(buffers, self._what("allreduce"))
         total = self._contiguous(local_sum(buffers))
         if self.size > 1 and total.size:
@@ -166,6 +167,7 @@ class BaseBackend(ABC):
     def broadcast(self, buffers: Sequence[Any], root: int = 0,
                   timeout: float | None = None) -> list[Any]:
         buffers = list(buffers)
+        self._check_open("broadcast")
         check_buffers(buffers, self._what("broadcast"))
         self._check_root(root, "broadcast")
         host = to_host(buffers[0])
@@ -178,6 +180,7 @@ class BaseBackend(ABC):
     def reduce(self, buffers: Sequence[Any], root: int = 0,
                timeout: float | None = None) -> list[Any]:
         buffers = list(buffers)
+        self._check_open("reduce")
         check_buffers(buffers, self._what("reduce"))
         self._check_root(root, "reduce")
         if self.rank != root:  # the local sum must not clobber a non-root's copies
@@ -192,6 +195,7 @@ class BaseBackend(ABC):
 
     def allgather(self, buffers: Sequence[Any], timeout: float | None = None) -> np.ndarray:
         buffers = list(buffers)
+        self._check_open("allgather")
         check_buffers(buffers, self._what("allgather"))
         local = np.stack([to_host(b) for b in buffers])
         if self.size == 1:
@@ -203,6 +207,7 @@ class BaseBackend(ABC):
 
     def reduce_scatter(self, buffers: Sequence[Any], timeout: float | None = None) -> list[Any]:
         buffers = list(buffers)
+        self._check_open("reduce_scatter")
         check_buffers(buffers, self._what("reduce_scatter"))
         rows = buffers[0].shape[0] if buffers[0].ndim else 0
         if rows % self.size:
@@ -218,10 +223,9 @@ class BaseBackend(ABC):
         return [np.array(mine) for _ in buffers]
 
     def barrier(self, timeout: float | None = None) -> None:
+        self._check_open("barrier")
         if self.size > 1:
             self._run("barrier", timeout, self._barrier)
-        elif self.closed:
-            raise CollectiveError(f"{self._what('barrier')}: the common world was destroyed.")
 
     def clone(self, name: str) -> BaseBackend:
         raise CollectiveError(f"{self._what('clone')}: not supported by {self.backend}.")
@@ -268,11 +272,14 @@ class BaseBackend(ABC):
         for buffer in buffers:
             copy_into(buffer, result)
 
-    def _run(self, op: str, timeout: float | None, fn: Callable[[float], T]) -> T:
-        """Run one cross-rank step under the world's lock, translating failures."""
+    def _check_open(self, op: str) -> None:
         if self.closed:
             raise CollectiveError(f"{self._what(op)}: the common world was destroyed; "
                                   "create it again with CreateCommonWorld.")
+
+    def _run(self, op: str, timeout: float | None, fn: Callable[[float], T]) -> T:
+        """Run one cross-rank step under the world's lock, translating failures."""
+        self._check_open(op)
         limit = self.timeout if timeout is None or timeout <= 0 else float(timeout)
         with self._lock:
             self.sequence += 1

@@ -312,8 +312,27 @@ def _check_peer(name: str, me: Member, peer: Member) -> Member:
     return peer
 
 
-def describe_missing(members: Mapping[int, Member], rank: int) -> str:
-    """Which peers are known to be gone, from their process state on this host."""
+def describe_missing(members: Mapping[int, Member], rank: int, grace: float = 1.0) -> str:
+    """Which peers are known to be gone, from their process state on this host.
+
+    A peer's connection drops a moment before its process finishes exiting, so a peer that
+    still looks alive is re-checked for up to ``grace`` seconds.
+    """
+    deadline = time.monotonic() + grace
+    while True:
+        dead, unknown = _peer_states(members, rank)
+        if dead or time.monotonic() >= deadline:
+            break
+        time.sleep(0.05)
+    parts = []
+    if dead:
+        parts.append(f"ranks that did not arrive (their process is gone): {', '.join(dead)}")
+    if unknown:
+        parts.append(f"ranks {unknown} run on other hosts, their state is unknown")
+    return "; ".join(parts) or "every peer process is still running, so a peer is late or stuck"
+
+
+def _peer_states(members: Mapping[int, Member], rank: int) -> tuple[list[str], list[int]]:
     dead, unknown = [], []
     for peer in members.values():
         if peer.rank == rank:
@@ -323,9 +342,4 @@ def describe_missing(members: Mapping[int, Member], rank: int) -> str:
             dead.append(f"{peer.rank} (pid {peer.pid} on {peer.host})")
         elif alive is None:
             unknown.append(peer.rank)
-    parts = []
-    if dead:
-        parts.append(f"ranks that did not arrive (their process is gone): {', '.join(dead)}")
-    if unknown:
-        parts.append(f"ranks {unknown} run on other hosts, their state is unknown")
-    return "; ".join(parts) or "every peer process is still running, so a peer is late or stuck"
+    return dead, unknown

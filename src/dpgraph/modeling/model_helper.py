@@ -58,6 +58,11 @@ class ModelHelper:
                  arg_scope: dict[str, Any] | None = None) -> None:
         self.name = name or "model"
         self.net = Net(self.name)
+        self.param_init_net: Net
+        self.param_to_grad: dict[Any, Any]
+        self.params: list[BlobReference]
+        self._parameters_info: dict[Any, ParameterInfo]
+        self._computed_params: list[BlobReference]
         if param_model is not None:
             self.param_init_net = param_model.param_init_net
             self.param_to_grad = param_model.param_to_grad
@@ -66,10 +71,10 @@ class ModelHelper:
             self._computed_params = param_model._computed_params
         else:
             self.param_init_net = Net(self.name + "_init")
-            self.param_to_grad: dict[Any, Any] = {}
-            self.params: list[BlobReference] = []
-            self._parameters_info: dict[str, ParameterInfo] = {}
-            self._computed_params: list[BlobReference] = []
+            self.param_to_grad = {}
+            self.params = []
+            self._parameters_info = {}
+            self._computed_params = []
         self._param_info_deprecated: list[ParameterInfo] = []
         self._devices: list[Any] = []
         self.gradient_ops_added = False
@@ -241,7 +246,7 @@ class ModelHelper:
             raise ModelStateError("You cannot run AddGradientOperators twice.")
         self.Validate()
         self.gradient_ops_added = True
-        self.grad_map = self.net.AddGradientOperators(*args, **kwargs)
+        self.grad_map: dict[Any, Any] = self.net.AddGradientOperators(*args, **kwargs)
         self.param_to_grad = self.get_param_to_grad(self.params)
         for param, grad in self.param_to_grad.items():
             param_info = self.get_param_info(param)
@@ -258,7 +263,7 @@ class ModelHelper:
             raise ModelStateError("You need to run AddGradientOperators first.")
         return {p: self.grad_map[str(p)] for p in params if str(p) in self.grad_map}
 
-    def GetOptimizationParamInfo(self, params: list[Any] | None = None) -> list[ParameterInfo]:
+    def GetOptimizationParamInfo(self, params: list[Any] | None = None) -> list[Any]:
         """ParameterInfo of every param with a gradient (sparse ones skipped when
         ``skip_sparse_optim``)."""
         if not self.gradient_ops_added:

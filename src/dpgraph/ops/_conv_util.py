@@ -215,7 +215,7 @@ def conv_backward(xp: Any, x: Any, w: Any, dy: Any, geom: Geometry,
     out = dy.shape[2:]
     xpad = pad_spatial(xp, x, geom)
     cols = im2col(xp, xpad, geom, out)
-    dy2 = dy.reshape(n, g, m // g, -1)
+    dy2 = dy.reshape(n, g, m // g, math.prod(out))
     dw = xp.matmul(dy2, cols.swapaxes(-1, -2)).sum(axis=0).reshape(w.shape)
     if not need_dx:
         return dw, None
@@ -257,7 +257,8 @@ def conv_transpose_forward(xp: Any, x: Any, w: Any, geom: Geometry,
     spatial = x.shape[2:]
     full = tuple((s - 1) * st + e + a for s, st, e, a in
                  zip(spatial, geom.stride, geom.extent, adj))
-    cols = xp.matmul(w.reshape(g, c // g, -1).swapaxes(-1, -2), x.reshape(n, g, c // g, -1))
+    x2 = x.reshape(n, g, c // g, math.prod(spatial))
+    cols = xp.matmul(w.reshape(g, c // g, -1).swapaxes(-1, -2), x2)
     cols = cols.reshape(n, g * mg, *geom.kernel, *spatial)
     ypad = col2im(xp, cols, geom, spatial, full)
     out = tuple(f - h - t for f, h, t in zip(full, geom.pad_head, geom.pad_tail))
@@ -271,7 +272,7 @@ def conv_transpose_backward(xp: Any, x: Any, w: Any, dy: Any, geom: Geometry,
     g = geom.group
     spatial = x.shape[2:]
     cols = im2col(xp, pad_spatial(xp, dy, geom), geom, spatial)  # (N, G, Mg*K, P)
-    x2 = x.reshape(n, g, c // g, -1)
+    x2 = x.reshape(n, g, c // g, math.prod(spatial))
     dw = xp.matmul(x2, cols.swapaxes(-1, -2)).sum(axis=0).reshape(w.shape)
     if not need_dx:
         return dw, None

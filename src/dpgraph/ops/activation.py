@@ -46,6 +46,8 @@ _FORWARD: dict[str, Forward] = {
     "Sigmoid": lambda ctx, xp, x: _sigmoid(xp, x),
     "Tanh": lambda ctx, xp, x: xp.tanh(x),
     "Softplus": lambda ctx, xp, x: xp.logaddexp(x, 0),
+    "HardSigmoid": lambda ctx, xp, x: xp.clip(
+        ctx.float_arg("alpha", 0.2) * x + ctx.float_arg("beta", 0.5), 0, 1),
 }
 
 _BACKWARD: dict[str, Backward] = {
@@ -60,6 +62,7 @@ _BACKWARD: dict[str, Backward] = {
     "Sigmoid": lambda ctx, xp, y, dy: dy * y * (1 - y),
     "Tanh": lambda ctx, xp, y, dy: dy * (1 - y * y),
     "Softplus": lambda ctx, xp, y, dy: dy * -xp.expm1(-y),
+    "HardSigmoid": lambda ctx, xp, y, dy: dy * ctx.float_arg("alpha", 0.2) * ((y > 0) & (y < 1)),
 }
 
 

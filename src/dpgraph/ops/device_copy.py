@@ -1,12 +1,15 @@
-"""Device copies: Copy, CopyGPUToCPU, CopyCPUToGPU, CopyFromCPUInput, EnsureCPUOutput.
+"""Device copies: Copy, CopyGPUToCPU, CopyCPUToGPU, CopyFromCPUInput, EnsureCPUOutput,
+CopyOnDeviceLike.
 
 These ops are ``cross_device``: they may read a blob on any device.  Their output lives on
-the op's device, except CopyGPUToCPU and EnsureCPUOutput whose output lives on the CPU
+the op's device, except CopyGPUToCPU and EnsureCPUOutput whose output lives on the CPU and
+CopyOnDeviceLike whose output lives where its second input does
 (declared through ``schema.extra["output_placement"]``, read by the runtime).
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -84,12 +87,28 @@ def ensure_cpu_output(ctx: OpContext) -> Outputs:
     return (_on_host(ctx.inputs[0]),)
 
 
+@register_op("CopyOnDeviceLike", inputs=2, outputs=1, cross_device=True, shape=_same_shape)
+def copy_on_device_like(ctx: OpContext) -> Outputs:
+    """Copy X onto the device where the second input lives."""
+    value, like = ctx.inputs
+    if isinstance(like, np.ndarray) or not is_array(like):
+        return (_on_host(value),)
+    with like.device:
+        return (sys.modules["cupy"].array(value, copy=True),)
+
+
 def _outputs_on_cpu(op_key: DeviceKey, input_keys: Sequence[Any], args: Any) -> list[DeviceKey]:
     return [CPU_KEY]
 
 
+def _output_like_input_1(op_key: DeviceKey, input_keys: Sequence[Any], args: Any
+                         ) -> list[DeviceKey]:
+    return [input_keys[1] if input_keys[1] is not None else op_key]
+
+
 for _type in ("CopyGPUToCPU", "EnsureCPUOutput"):
     OPERATORS.lookup(_type).extra[OUTPUT_PLACEMENT] = _outputs_on_cpu
+OPERATORS.lookup("CopyOnDeviceLike").extra[OUTPUT_PLACEMENT] = _output_like_input_1
 
 
 def _copy_like(op_type: str, g: GradientBuilder) -> None:

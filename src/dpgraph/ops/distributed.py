@@ -25,8 +25,9 @@ from dpgraph.collectives.base import DEFAULT_TIMEOUT_SEC, Backend, BaseBackend
 from dpgraph.collectives.registry import backend_for_engine, create_backend
 from dpgraph.collectives.rendezvous import file_store, tcp_store
 from dpgraph.errors import CollectiveError, NotSupportedError, RendezvousError
-from dpgraph.ir.registry import register_op
+from dpgraph.ir.registry import OPERATORS, register_op
 from dpgraph.ops.context import OpContext, Outputs
+from dpgraph.ops.device_copy import OUTPUT_PLACEMENT
 
 _MAX_COPIES = 512
 _SHIFTED_INPLACE = [(i + 1, i) for i in range(_MAX_COPIES)]
@@ -206,3 +207,12 @@ def barrier(ctx: OpContext) -> Outputs:
     """Wait until every rank of the common world reaches this barrier."""
     _world(ctx).barrier(_seconds(ctx, None))
     return ()
+
+
+def _after_world(op_key: Any, input_keys: list[Any], args: Any) -> list[Any]:
+    """Output k lives where local copy k (input k + 1) lives."""
+    return [key if key is not None else op_key for key in input_keys[1:]]
+
+
+for _type in ("Allreduce", "Broadcast", "Reduce", "ReduceScatter"):
+    OPERATORS.lookup(_type).extra[OUTPUT_PLACEMENT] = _after_world

@@ -1,4 +1,7 @@
-"""Fill operators: constant, random and given-value initialisers (no gradients).
+"""Fill operators: constant, random and given-value initialisers.
+
+Fillers have Caffe2's ``NO_GRADIENT``: their gradient maker adds nothing, so an input used
+only for its shape (``ConstantFill(x)``) gets no gradient and autodiff does not fail.
 
 Every filler takes its output shape from the ``shape`` argument when it has no input, or
 from its input (its shape, or its values with ``input_as_shape=1``) followed by
@@ -14,8 +17,9 @@ import numpy as np
 
 from dpgraph.errors import ArgumentError
 from dpgraph.ir.arguments import arguments_dict
-from dpgraph.ir.registry import register_op
+from dpgraph.ir.registry import register_gradient, register_op
 from dpgraph.ops.context import OpContext, Outputs
+from dpgraph.ops.gradient_builder import GradientBuilder
 from dpgraph.proto import caffe2_pb2
 
 DataType = caffe2_pb2.TensorProto
@@ -290,3 +294,15 @@ def diagonal_fill(ctx: OpContext) -> Outputs:
     out = ctx.xp.zeros(int(np.prod(shape)), dtype=dtype)
     out[::step] = ctx.arg("value", 0.0)
     return (out.reshape(shape),)
+
+
+def no_gradient(g: GradientBuilder) -> None:
+    """Caffe2's ``NO_GRADIENT``: no gradient ops and no input gradients."""
+
+
+for _filler in ("ConstantFill", "UniformFill", "UniformIntFill", "GaussianFill", "XavierFill",
+                "MSRAFill", "GivenTensorFill", "GivenTensorDoubleFill", "GivenTensorIntFill",
+                "GivenTensorInt64Fill", "GivenTensorBoolFill", "GivenTensorStringFill",
+                "GivenTensorByteStringToUInt8Fill", "RangeFill", "LengthsRangeFill",
+                "DiagonalFill"):
+    register_gradient(_filler)(no_gradient)

@@ -20,7 +20,7 @@ _LOG_THRESHOLD = 1e-20
 DONT_CARE = -1  # SpatialSoftmaxWithLoss label to ignore
 
 
-# --- helpers -------------------------------------------------------------------------------
+# --- helpers ---------------------------------------------------------------------------------
 def _same_shape(op: Any, shapes: list, types: list) -> list:
     return [None if shapes[0] is None else (tuple(shapes[0]), types[0] or FLOAT)]
 
@@ -33,6 +33,13 @@ def _batch_shape(op: Any, shapes: list, types: list) -> list:
     if shapes[0] is None:
         return [None]
     return [((shapes[0][0] if len(shapes[0]) else 1,), types[0] or FLOAT)]
+
+
+def _matrix_rows_shape(op: Any, shapes: list, types: list) -> list:
+    """(N,) for an N×D input; a 1-D input is one row."""
+    if shapes[0] is None:
+        return [None]
+    return [((shapes[0][0] if len(shapes[0]) > 1 else 1,), types[0] or FLOAT)]
 
 
 def _softmax_rows(x: Any, xp: Any) -> Any:
@@ -63,7 +70,7 @@ def _clamped_log(p: Any, xp: Any) -> Any:
     return xp.log(xp.maximum(p, _LOG_THRESHOLD))
 
 
-# --- SoftmaxWithLoss ------------------------------------------------------------------------
+# --- SoftmaxWithLoss -------------------------------------------------------------------------
 def _softmax_loss_parts(ctx: OpContext, x2: Any, label: Any, weight: Any | None) -> tuple:
     """(target matrix, per-row weights, total weight) for a [N, D] problem."""
     xp = ctx.xp
@@ -117,7 +124,7 @@ def softmax_with_loss_gradient(ctx: OpContext) -> Outputs:
     return (dx.astype(x.dtype).reshape(x.shape),)
 
 
-# --- SpatialSoftmaxWithLoss -----------------------------------------------------------------
+# --- SpatialSoftmaxWithLoss ------------------------------------------------------------------
 def _spatial_parts(ctx: OpContext, x: Any, label: Any, weights: Any | None) -> tuple:
     """(one-hot target, pixel weights with ignored pixels zeroed, total weight)."""
     xp = ctx.xp
@@ -177,13 +184,13 @@ def spatial_softmax_with_loss_gradient(ctx: OpContext) -> Outputs:
 
 
 
-# --- cross entropies ------------------------------------------------------------------------
-@register_op("LabelCrossEntropy", inputs=2, outputs=1, shape=_batch_shape)
+# --- cross entropies -------------------------------------------------------------------------
+@register_op("LabelCrossEntropy", inputs=2, outputs=1, shape=_matrix_rows_shape)
 def label_cross_entropy(ctx: OpContext) -> Outputs:
     """[P (N×D), label int (N)] -> -log(max(P[i, label_i], 1e-20))."""
     xp = ctx.xp
     p = ctx.inputs[0]
-    p2 = p.reshape(p.shape[0] if p.ndim else 1, -1)
+    p2 = p.reshape(p.shape[0] if p.ndim > 1 else 1, -1)
     label = _labels(ctx, ctx.inputs[1], p2.shape[0], p2.shape[1])
     picked = p2[xp.arange(p2.shape[0]), label]
     return (-_clamped_log(picked, xp)).astype(p.dtype),
@@ -199,7 +206,7 @@ def label_cross_entropy_gradient(ctx: OpContext) -> Outputs:
     """[P, label, dY] -> dP = -dY / max(P[i, label_i], 1e-20) at the label, 0 elsewhere."""
     xp = ctx.xp
     p, label, dy = ctx.inputs
-    p2 = p.reshape(p.shape[0] if p.ndim else 1, -1)
+    p2 = p.reshape(p.shape[0] if p.ndim > 1 else 1, -1)
     label = _labels(ctx, label, p2.shape[0], p2.shape[1])
     rows = xp.arange(p2.shape[0])
     dp = xp.zeros_like(p2)
@@ -207,12 +214,12 @@ def label_cross_entropy_gradient(ctx: OpContext) -> Outputs:
     return (dp.reshape(p.shape),)
 
 
-@register_op("CrossEntropy", inputs=2, outputs=1, shape=_batch_shape)
+@register_op("CrossEntropy", inputs=2, outputs=1, shape=_matrix_rows_shape)
 def cross_entropy(ctx: OpContext) -> Outputs:
     """[P (N×D), soft labels (N×D)] -> -Σ_j label_ij·log(max(P_ij, 1e-20))."""
     xp = ctx.xp
     p, label = ctx.inputs
-    p2 = p.reshape(p.shape[0] if p.ndim else 1, -1)
+    p2 = p.reshape(p.shape[0] if p.ndim > 1 else 1, -1)
     out = -(xp.asarray(label).reshape(p2.shape) * _clamped_log(p2, xp)).sum(axis=1)
     return (out.astype(p.dtype),)
 
@@ -227,7 +234,7 @@ def cross_entropy_gradient(ctx: OpContext) -> Outputs:
     """[P, label, dY] -> dP = -dY·label / max(P, 1e-20)."""
     xp = ctx.xp
     p, label, dy = ctx.inputs
-    p2 = p.reshape(p.shape[0] if p.ndim else 1, -1)
+    p2 = p.reshape(p.shape[0] if p.ndim > 1 else 1, -1)
     dp = (-xp.asarray(dy).reshape(-1, 1) * xp.asarray(label).reshape(p2.shape)
           / xp.maximum(p2, _LOG_THRESHOLD))
     return (dp.astype(p.dtype).reshape(p.shape),)
@@ -423,3 +430,64 @@ def bernoulli_jsd_gradient(ctx: OpContext) -> Outputs:
         return _clamped_log(v, xp) - _clamped_log(1 - v, xp)
 
     return ((dl * (logit(p) - logit(m)) / 2).astype(p.dtype),)
+
+
+# --- pairwise ranking ------------------------------------------------------------------------
+def _groups(ctx: OpContext, n: int, lengths: Any | None) -> Any:
+    """Group boundaries from the optional lengths input (one group of all rows by default)."""
+    lens = (np.array([n], np.int64) if lengths is None
+            else np.asarray(lengths).reshape(-1).astype(np.int64))
+    if int(lens.sum()) != n:
+        raise ctx.fail(f"lengths sum to {int(lens.sum())}, expected {n} rows")
+    return np.r_[0, np.cumsum(lens)]
+
+
+def _pair_terms(x: Any, label: Any) -> tuple[Any, Any, int]:
+    """(sign matrix s_ij = sign(l_i - l_j), score differences x_i - x_j, number of pairs)."""
+    sign = np.sign(label[:, None] - label[None, :])
+    return sign, x[:, None] - x[None, :], int((sign != 0).sum())
+
+
+def _softplus_neg(u: Any) -> Any:
+    """log(1 + exp(-u)), computed stably."""
+    return np.logaddexp(0, -u)
+
+
+@register_op("PairWiseLoss", inputs=(2, 3), outputs=1)
+def pair_wise_loss(ctx: OpContext) -> Outputs:
+    """[X (N), label (N)(, lengths)] -> per group, mean over pairs with different labels of
+    log(1 + exp(-sign(l_i - l_j)·(x_i - x_j)))."""
+    x = np.asarray(ctx.inputs[0])
+    xs, labels = x.reshape(-1), np.asarray(ctx.inputs[1]).reshape(-1)
+    bounds = _groups(ctx, xs.size, ctx.inputs[2] if len(ctx.inputs) > 2 else None)
+    out = np.zeros(bounds.size - 1, dtype=x.dtype)
+    for g in range(bounds.size - 1):
+        lo, hi = bounds[g], bounds[g + 1]
+        sign, diff, pairs = _pair_terms(xs[lo:hi], labels[lo:hi])
+        if pairs:
+            out[g] = (_softplus_neg(sign * diff) * (sign != 0)).sum() / pairs
+    return (out,)
+
+
+@register_gradient("PairWiseLoss")
+def _pair_wise_loss_grad(g: GradientBuilder) -> None:
+    extra = [g.I(2)] if len(g.op.input) > 2 else []
+    g.add("PairWiseLossGradient", [g.I(0), g.I(1), g.GO(0), *extra], [g.GI(0)])
+
+
+@register_op("PairWiseLossGradient", inputs=(3, 4), outputs=1, shape=_same_shape)
+def pair_wise_loss_gradient(ctx: OpContext) -> Outputs:
+    """[X, label, dY(, lengths)] -> dX."""
+    x = np.asarray(ctx.inputs[0])
+    xs, labels = x.reshape(-1), np.asarray(ctx.inputs[1]).reshape(-1)
+    dy = np.asarray(ctx.inputs[2]).reshape(-1)
+    bounds = _groups(ctx, xs.size, ctx.inputs[3] if len(ctx.inputs) > 3 else None)
+    dx = np.zeros(xs.size, dtype=x.dtype)
+    for g in range(bounds.size - 1):
+        lo, hi = bounds[g], bounds[g + 1]
+        sign, diff, pairs = _pair_terms(xs[lo:hi], labels[lo:hi])
+        if pairs:
+            # d/du log(1 + exp(-u)) = -sigmoid(-u); each unordered pair appears twice.
+            slope = -sign / (1 + np.exp(sign * diff))
+            dx[lo:hi] = 2 * dy[g] * slope.sum(axis=1) / pairs
+    return (dx.reshape(x.shape),)

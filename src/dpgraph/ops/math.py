@@ -23,7 +23,7 @@ from dpgraph.errors import ArgumentError, GradientError
 from dpgraph.ir.arguments import MakeArgument, arguments_dict
 from dpgraph.ir.registry import register_gradient, register_op
 from dpgraph.ops.context import OpContext, Outputs
-from dpgraph.ops.fill import DataType, caffe2_dtype
+from dpgraph.ops.fill import DataType
 from dpgraph.ops.gradient_builder import GradientBuilder
 from dpgraph.proto import caffe2_pb2
 
@@ -80,7 +80,14 @@ def legacy_axis(ctx_args: dict[str, Any], a_ndim: int, b_ndim: int) -> int:
 
 def legacy_shape(args: dict[str, Any], a_shape: Sequence[int], b_shape: Sequence[int]
                  ) -> tuple[int, ...]:
-    """B's shape padded with 1s to A's rank, aligned at the legacy broadcast axis."""
+    """B's shape padded with 1s to A's rank, aligned at the legacy broadcast axis.
+
+    Leading size-1 dims of a B with a higher rank than A are dropped first (a ``[1]`` B
+    against a 0-d A, as in the optimizer's ``lr_multiplier``).
+    """
+    b_shape = tuple(b_shape)
+    while len(b_shape) > len(a_shape) and b_shape[0] == 1:
+        b_shape = b_shape[1:]
     axis = legacy_axis(args, len(a_shape), len(b_shape))
     padded = (1,) * axis + tuple(b_shape) + (1,) * (len(a_shape) - axis - len(b_shape))
     for a_dim, b_dim in zip(a_shape, padded):
@@ -94,9 +101,9 @@ def binary_operands(ctx: OpContext) -> tuple[Any, Any]:
     """(A, B), with B reshaped for the legacy ``broadcast=1`` form when it is set."""
     a, b = ctx.inputs[0], ctx.inputs[1]
     if ctx.int_arg("broadcast", 0):
-        if np.ndim(b) > np.ndim(a):
-            raise ctx.fail(f"with broadcast=1, B (rank {np.ndim(b)}) cannot have a higher "
-                           f"rank than A (rank {np.ndim(a)})")
+        if np.ndim(b) > np.ndim(a) and any(d != 1 for d in np.shape(b)[:np.ndim(b) - np.ndim(a)]):
+            raise ctx.fail(f"with broadcast=1, B {np.shape(b)} cannot have a higher rank than "
+                           f"A {np.shape(a)}")
         try:
             b = ctx.xp.reshape(b, legacy_shape(ctx.args, np.shape(a), np.shape(b)))
         except ArgumentError as error:
@@ -297,8 +304,8 @@ def _register_compare(op_type: str, fn: Callable[[Any, Any, Any], Any]) -> None:
                 shape=_binary_infer(DataType.BOOL))(kernel)
 
 
-for _type, _fn in _COMPARE.items():
-    _register_compare(_type, _fn)
+for _type, _compare_fn in _COMPARE.items():
+    _register_compare(_type, _compare_fn)
 
 
 @register_op("Not", inputs=1, outputs=1, shape=same_as_input(0, DataType.BOOL))
@@ -347,7 +354,7 @@ _DERIVATIVES: dict[str, Callable[[Any, Any], Any]] = {
 }
 
 #: Gradient ops whose inputs are [dY, X] rather than [X, dY].
-_DY_FIRST = frozenset({"Cosh", "Sinh"})
+_DY_FIRST = frozenset({"Cosh", "Sinh", "Cube"})
 
 
 def _register_unary(op_type: str, fn: Callable[[Any, Any], Any]) -> None:
@@ -379,10 +386,10 @@ def _register_derivative(op_type: str, fn: Callable[[Any, Any], Any]) -> None:
     register_gradient(op_type)(maker)
 
 
-for _type, _fn in _UNARY.items():
-    _register_unary(_type, _fn)
-for _type, _fn in _DERIVATIVES.items():
-    _register_derivative(_type, _fn)
+for _type, _unary_fn in _UNARY.items():
+    _register_unary(_type, _unary_fn)
+for _type, _derivative in _DERIVATIVES.items():
+    _register_derivative(_type, _derivative)
 
 
 @register_gradient("Exp")
@@ -399,6 +406,18 @@ def _log_gradient(g: GradientBuilder) -> None:
 def _sqrt_gradient(g: GradientBuilder) -> None:
     g.add("Scale", [g.GO(0)], [g.GI(0)], scale=0.5)
     g.add("Div", [g.GI(0), g.O(0)], [g.GI(0)])
+
+
+@register_op("RsqrtGradient", inputs=2, outputs=1, shape=same_as_input())
+def rsqrt_gradient(ctx: OpContext) -> Outputs:
+    """[dY, Y] -> dX = -0.5 * dY * Y**3."""
+    dy, y = ctx.inputs
+    return (as_dtype(ctx.xp, -0.5 * dy * y * y * y, dy.dtype),)
+
+
+@register_gradient("Rsqrt")
+def _rsqrt_gradient(g: GradientBuilder) -> None:
+    g.add("RsqrtGradient", [g.GO(0), g.O(0)], [g.GI(0)])
 
 
 @register_gradient("Negative")
@@ -592,45 +611,25 @@ def _square_root_divide_gradient(g: GradientBuilder) -> None:
     g.add("SquareRootDivide", [g.GO(0), g.I(1)], [g.GI(0)])
 
 
-@register_op("NegateGradient", inputs=1, outputs=1, inplace=[(0, 0)], shape=same_as_input())
-def negate_gradient(ctx: OpContext) -> Outputs:
-    """Identity forward; its gradient is the negated output gradient."""
-    return (ctx.xp.asarray(ctx.inputs[0]).copy(),)
+@register_op("ClipTensorByScaling", inputs=(2, 3), outputs=1, inplace=[(0, 0)],
+             shape=same_as_input())
+def clip_tensor_by_scaling(ctx: OpContext) -> Outputs:
+    """Y = X * threshold / val when val > threshold (val: a norm), else X.
 
-
-@register_gradient("NegateGradient")
-def _negate_gradient_gradient(g: GradientBuilder) -> None:
-    g.add("Negative", [g.GO(0)], [g.GI(0)])
-
-
-@register_op("Where", inputs=3, outputs=1, inplace=[(1, 0), (2, 0)], shape=same_as_input(1))
-def where(ctx: OpContext) -> Outputs:
-    """Z = C ? X : Y; ``broadcast_on_rows=1`` applies a 1-D C to X's rows."""
-    cond, x, y = (ctx.xp.asarray(v) for v in ctx.inputs)
-    if ctx.int_arg("broadcast_on_rows", 0) and cond.ndim == 1:
-        cond = cond.reshape((-1,) + (1,) * (x.ndim - 1))
-    elif cond.shape != x.shape or x.shape != y.shape:
-        raise ctx.fail(f"C {cond.shape}, X {x.shape} and Y {y.shape} must have the same shape "
-                       "(or set broadcast_on_rows=1 with a 1-D C)")
-    return (ctx.xp.where(cond, x, y),)
-
-
-@register_op("IsMemberOf", inputs=1, outputs=1, shape=same_as_input(0, DataType.BOOL))
-def is_member_of(ctx: OpContext) -> Outputs:
-    """Y[i] = X[i] in the ``value`` list (bool)."""
+    A 3rd input, when given, holds an additional scale applied to ``threshold``.
+    """
     x = ctx.xp.asarray(ctx.inputs[0])
-    values = ctx.arg("value", [])
-    values = values if isinstance(values, list) else [values]
-    if x.dtype == object or x.dtype.kind in "SU":
-        members = {v.encode() if isinstance(v, str) else v for v in values}
-        flat = [(v.encode() if isinstance(v, str) else v) in members for v in x.reshape(-1)]
-        return (np.asarray(flat, dtype=bool).reshape(x.shape),)
-    return (ctx.xp.isin(x, ctx.xp.asarray(values, dtype=x.dtype)),)
+    value = float(np.asarray(_host(ctx.inputs[1])).reshape(-1)[0])
+    threshold = ctx.float_arg("threshold", 0.0)
+    if len(ctx.inputs) == 3:
+        threshold *= float(np.asarray(_host(ctx.inputs[2])).reshape(-1)[0])
+    if value > threshold:
+        return (as_dtype(ctx.xp, x * (threshold / value), x.dtype),)
+    return (x.copy(),)
 
 
-def dtype_of(value: Any) -> int:
-    """The Caffe2 DataType of an array value."""
-    return caffe2_dtype(np.asarray(value).dtype)
+def _host(value: Any) -> Any:
+    return value.get() if hasattr(value, "get") and not isinstance(value, np.ndarray) else value
 
 
 # --- reductions --------------------------------------------------------------------------
@@ -701,6 +700,7 @@ _REDUCERS: dict[str, Callable[..., Any]] = {
     "Max": lambda xp, x, axes, keep: xp.max(x, axis=axes, keepdims=keep),
     "Min": lambda xp, x, axes, keep: xp.min(x, axis=axes, keepdims=keep),
     "L2": lambda xp, x, axes, keep: xp.sqrt(xp.sum(x * x, axis=axes, keepdims=keep)),
+    "L1": lambda xp, x, axes, keep: xp.sum(xp.abs(x), axis=axes, keepdims=keep),
 }
 
 
@@ -775,6 +775,8 @@ def _register_reduce(kind: str) -> None:
             grad = dy / max(int(np.prod([x.shape[a] for a in axes])), 1)
         elif kind in ("Max", "Min"):
             grad = dy * (x == y)
+        elif kind == "L1":
+            grad = dy * ctx.xp.sign(x)
         elif kind == "L2":
             safe = ctx.xp.where(y == 0, 1, y)
             grad = ctx.xp.where(y == 0, 0, dy * x / safe)
@@ -791,7 +793,7 @@ def _register_reduce(kind: str) -> None:
     register_gradient(op_type)(maker)
 
 
-for _kind in ("Sum", "Mean", "Max", "Min", "L2"):
+for _kind in ("Sum", "Mean", "Max", "Min", "L1", "L2"):
     _register_reduce(_kind)
 
 
@@ -821,3 +823,23 @@ def _register_wise_max(op_type: str, axis: int) -> None:
 
 _register_wise_max("RowwiseMax", 2)
 _register_wise_max("ColwiseMax", 1)
+
+
+def _register_arg_reduce(op_type: str, fn_name: str) -> None:
+    def kernel(ctx: OpContext) -> Outputs:
+        x = ctx.xp.asarray(ctx.inputs[0])
+        axis = ctx.int_arg("axis", -1)
+        axis = axis + x.ndim if axis < 0 else axis
+        if not 0 <= axis < x.ndim:
+            raise ctx.fail(f"axis {ctx.int_arg('axis', -1)} out of range for X {x.shape}")
+        index = getattr(ctx.xp, fn_name)(x, axis=axis)
+        if ctx.int_arg("keepdims", 1):
+            index = ctx.xp.expand_dims(index, axis)
+        return (as_dtype(ctx.xp, index, np.int64),)
+
+    kernel.__doc__ = f"int64 index of the {fn_name[3:]} along ``axis`` (default -1, keepdims 1)."
+    register_op(op_type, inputs=1, outputs=1)(kernel)
+
+
+_register_arg_reduce("ArgMax", "argmax")
+_register_arg_reduce("ArgMin", "argmin")

@@ -41,7 +41,8 @@ def _as_matrix(shape: Shape, axis: int) -> tuple[int, int]:
 
 
 def _dtype(types: list[int | None], index: int = 0) -> int:
-    return types[index] if index < len(types) and types[index] is not None else _FLOAT
+    value = types[index] if index < len(types) else None
+    return _FLOAT if value is None else value
 
 
 # --- FC -----------------------------------------------------------------------------------
@@ -63,6 +64,8 @@ def _fc_dims(ctx: OpContext, x_shape: Shape, w_shape: Shape,
 def _fc_forward(ctx: OpContext, transposed: bool) -> Outputs:
     x, w, b = ctx.inputs
     axis, m, k, n = _fc_dims(ctx, x.shape, w.shape, transposed)
+    if b.size != n:
+        raise ctx.fail(f"bias {ctx.input_name(2)!r} has {b.size} values for {n} outputs")
     w2 = w.reshape(k, n) if transposed else w.reshape(n, k).T
     y = ctx.xp.matmul(x.reshape(m, k), w2) + b.reshape(n)
     return (y.reshape(*x.shape[:axis], n).astype(x.dtype, copy=False),)
@@ -98,7 +101,8 @@ def _fc_grad_shape(op: caffe2_pb2.OperatorDef, shapes: list[Shape | None],
         return [None] * len(op.output)
     transposed = op.type == "FCTransposedGradient"
     n = _fc_dims(_ctx_for(op), x, w, transposed)[3]
-    return [(w, _dtype(types, 1)), ((n,), _dtype(types)), (x, _dtype(types))][:len(op.output)]
+    result: ShapeResult = [(w, _dtype(types, 1)), ((n,), _dtype(types)), (x, _dtype(types))]
+    return result[:len(op.output)]
 
 
 @register_op("FC", inputs=3, outputs=1, shape=_fc_shape(False))
@@ -247,7 +251,9 @@ def _check_conv_channels(ctx: OpContext, xc: Any, wc: Any, geom: cu.Geometry) ->
 
 
 def _add_bias(y: Any, b: Any) -> Any:
-    return y + b.reshape(-1, *(1,) * (y.ndim - 2))
+    """Add a per-channel bias in place (``y`` is always a fresh kernel result)."""
+    y += b.reshape(-1, *(1,) * (y.ndim - 2)).astype(y.dtype, copy=False)
+    return y
 
 
 def _conv_shape(op: caffe2_pb2.OperatorDef, shapes: list[Shape | None],

@@ -45,8 +45,11 @@ def _same_shape(*indices: int) -> Any:
     """Shape function: output k mirrors input indices[k]."""
     def shape(op: caffe2_pb2.OperatorDef, shapes: list[Shape | None],
               types: list[int | None]) -> ShapeResult:
-        return [None if shapes[i] is None else (shapes[i], types[i] or 1)
-                for i in indices[:len(op.output)]]
+        result: ShapeResult = []
+        for i in indices[:len(op.output)]:
+            shape_i = shapes[i]
+            result.append(None if shape_i is None else (shape_i, types[i] or 1))
+        return result
     return shape
 
 
@@ -135,7 +138,7 @@ def spatial_bn_gradient_maker(g: GradientBuilder) -> None:
     else:
         inputs = [g.I(0), g.I(1), g.GO(0), g.O(3), g.O(4)]
         if int(g.arg("num_batches", 1)) > 1:
-            inputs += [g.I(1) + "_grad", g.I(2) + "_grad"]
+            inputs += [g.GI(1), g.GI(2)]
     g.add("SpatialBNGradient", inputs, [g.GI(0), g.GI(1), g.GI(2)])
 
 
@@ -183,23 +186,23 @@ def affine_channel(ctx: OpContext) -> Outputs:
 
 @register_op("AffineChannelGradient", inputs=(2, 3), outputs=(1, 3), inplace=[(0, 0)])
 def affine_channel_gradient(ctx: OpContext) -> Outputs:
-    """[dY, scale (, X)] -> dX (, dscale, dbias)."""
+    """[dY, scale] -> dX, or (is_learnable) [dY, X, scale] -> dX, dscale, dbias."""
     dy = ctx.inputs[0]
     _, c, axes, bshape = _channels(ctx, dy)
-    scale = _check_vec(ctx, 1, c)
+    scale = _check_vec(ctx, ctx.num_inputs - 1, c)
     dx = (dy * scale.reshape(bshape)).astype(dy.dtype, copy=False)
     if ctx.num_outputs == 1:
         return (dx,)
     if ctx.num_inputs < 3:
-        raise ctx.fail("dscale needs X as input 2 (is_learnable=1)")
-    x = ctx.inputs[2]
+        raise ctx.fail("dscale needs inputs [dY, X, scale] (is_learnable=1)")
+    x = ctx.inputs[1]
     return dx, (dy * x).sum(axis=axes).astype(dy.dtype), dy.sum(axis=axes).astype(dy.dtype)
 
 
 @register_gradient("AffineChannel")
 def affine_channel_gradient_maker(g: GradientBuilder) -> None:
     if int(g.arg("is_learnable", 0)):
-        g.add("AffineChannelGradient", [g.GO(0), g.I(1), g.I(0)], [g.GI(0), g.GI(1), g.GI(2)])
+        g.add("AffineChannelGradient", [g.GO(0), g.I(0), g.I(1)], [g.GI(0), g.GI(1), g.GI(2)])
     else:
         g.add("AffineChannelGradient", [g.GO(0), g.I(1)], [g.GI(0)])
 
@@ -212,7 +215,7 @@ def _grouped(ctx: OpContext, x: Any, groups: int) -> tuple[str, Any]:
     n, c = xc.shape[:2]
     if groups < 1 or c % groups:
         raise ctx.fail(f"{c} channels cannot be split into group={groups}")
-    return order, xc.reshape(n, groups, c // groups, -1)
+    return order, xc.reshape(n, groups, c // groups, math.prod(xc.shape[2:]))
 
 
 def _ungroup(xg: Any, like: Any, order: str, xp: Any) -> Any:
@@ -399,14 +402,14 @@ def elementwise_linear(ctx: OpContext) -> Outputs:
 def elementwise_linear_gradient(ctx: OpContext) -> Outputs:
     """[dY, X, a] -> dX, da, db."""
     dy, x, a = ctx.inputs
-    n, d = _linear_dims(ctx, x) if False else _grad_linear_dims(ctx, x, a)
+    n, d = _grad_linear_dims(ctx, x)
     dy2 = dy.reshape(n, d)
     dx = (dy2 * a.reshape(1, d)).reshape(x.shape)
     return (dx.astype(x.dtype, copy=False), (dy2 * x.reshape(n, d)).sum(axis=0).astype(a.dtype),
             dy2.sum(axis=0).astype(a.dtype))
 
 
-def _grad_linear_dims(ctx: OpContext, x: Any, a: Any) -> tuple[int, int]:
+def _grad_linear_dims(ctx: OpContext, x: Any) -> tuple[int, int]:
     axis = ctx.int_arg("axis", 1)
     axis = axis + x.ndim if axis < 0 else axis
     return math.prod(x.shape[:axis]), math.prod(x.shape[axis:])

@@ -32,12 +32,17 @@ def _like_inputs(*pairs: int) -> Callable[..., list]:
     return shape_fn
 
 
+def host(x: Any) -> Any:
+    """``x`` as a numpy array (copied off the GPU for CuPy arrays)."""
+    return x.get() if hasattr(x, "get") and not isinstance(x, np.ndarray) else np.asarray(x)
+
+
 def _scalar(x: Any) -> float:
-    """The single value of a 1-element blob (lr, weights)."""
-    return float(np.asarray(x).reshape(-1)[0])
+    """The single value of a 1-element blob (lr, weights); works for numpy and CuPy."""
+    return float(x.reshape(-1)[0]) if hasattr(x, "reshape") else float(x)
 
 
-# --- iteration counters and mutexes ---------------------------------------------------------
+# --- iteration counters and mutexes ----------------------------------------------------------
 class Mutex:
     """The opaque blob ``CreateMutex`` makes; ``AtomicIter`` holds its lock."""
 
@@ -49,6 +54,13 @@ class Mutex:
     def __repr__(self) -> str:
         return "Mutex()"
 
+    # A lock cannot be copied or pickled; a copy is a fresh, unlocked mutex.
+    def __deepcopy__(self, memo: dict) -> Mutex:
+        return Mutex()
+
+    def __reduce__(self) -> tuple:
+        return (Mutex, ())
+
 
 @register_op("CreateMutex", inputs=0, outputs=1)
 def create_mutex(ctx: OpContext) -> Outputs:
@@ -59,7 +71,7 @@ def create_mutex(ctx: OpContext) -> Outputs:
 def _counter(ctx: OpContext, value: Any) -> Any:
     if value is None:
         return np.zeros(1, dtype=np.int64)
-    value = np.asarray(value)
+    value = host(value)
     if value.size != 1:
         raise ctx.fail(f"the iteration counter must have 1 element, got shape {value.shape}")
     return value
@@ -120,9 +132,10 @@ def _policy(kind: str, get: Callable[[str, Any], Any], ctx: OpContext) -> Policy
         power, max_iter = float(get("power", 0.0)), int(get("max_iter", -1))
         if max_iter <= 0:
             raise ctx.fail("policy 'poly' needs a positive 'max_iter' argument")
-        return lambda it: max(0.0, 1 - it / max_iter) ** power
+        # As Caffe2: past max_iter the base goes negative (NaN for fractional powers).
+        return lambda it: float(np.power(np.float64(1 - it / max_iter), power))
     if kind == "linearWarmup":
-        start, num = float(get("start_multiplier", 0.1)), int(get("num_iter", 0))
+        start, num = float(get("start_multiplier", 0.0)), int(get("num_iter", 0))
         return lambda it: 1.0 if it >= num else start + (1 - start) * it / num
     if kind == "constantWarmup":
         mult, num = float(get("multiplier", 0.5)), int(get("num_iter", 0))
@@ -216,10 +229,13 @@ def learning_rate(ctx: OpContext) -> Outputs:
     """iter (int64) -> base_lr × policy multiplier(iter), a float32 0-d array (as Caffe2)."""
     if not ctx.has_arg("base_lr"):
         raise ctx.fail("argument 'base_lr' is required")
-    it = int(np.asarray(ctx.inputs[0]).reshape(-1)[0])
-    policy = _policy(ctx.str_arg("policy", "fixed"), ctx.arg, ctx)
-    value = ctx.float_arg("base_lr") * policy(it)
-    return (np.asarray(value, dtype=np.float32),)
+    it = int(_scalar(ctx.inputs[0]))
+    kind = ctx.str_arg("policy", "fixed")
+    policy = _policy(kind, ctx.arg, ctx)
+    scale = 1.0 if kind == "composite" else ctx.float_arg("lr_scale", 1.0)
+    with np.errstate(invalid="ignore"):
+        value = ctx.float_arg("base_lr") * scale * policy(it)
+    return (ctx.xp.asarray(np.float32(value)),)
 
 
 # --- weighted sums ---------------------------------------------------------------------------
@@ -232,10 +248,10 @@ def weighted_sum(ctx: OpContext) -> Outputs:
     x0 = ctx.inputs[0]
     out = None
     for x, w in zip(ctx.inputs[::2], ctx.inputs[1::2]):
-        if np.shape(x) != np.shape(x0):
-            raise ctx.fail(f"all X must have the shape of X0 {np.shape(x0)}, got {np.shape(x)}")
-        if np.size(w) != 1:
-            raise ctx.fail(f"weights must have one element, got shape {np.shape(w)}")
+        if x.shape != x0.shape:
+            raise ctx.fail(f"all X must have the shape of X0 {x0.shape}, got {x.shape}")
+        if w.size != 1:
+            raise ctx.fail(f"weights must have one element, got shape {w.shape}")
         term = x * ctx.xp.asarray(w, dtype=x0.dtype).reshape(())
         out = term if out is None else out + term
     return (ctx.xp.asarray(out, dtype=x0.dtype),)
@@ -260,12 +276,12 @@ def weighted_sum_gradient(ctx: OpContext) -> Outputs:
     dxs = [(dy * ctx.xp.asarray(w, dtype=dy.dtype).reshape(())).astype(dy.dtype) for w in ws]
     if ctx.num_outputs == len(xs):
         return dxs
-    dws = [ctx.xp.asarray((dy * x).sum(), dtype=dy.dtype).reshape(np.shape(w))
+    dws = [ctx.xp.asarray((dy * x).sum(), dtype=dy.dtype).reshape(w.shape)
            for x, w in zip(xs, ws)]
     return [*dxs, *dws]
 
 
-# --- sequential sparse row updates ------------------------------------------------------------
+# --- sequential sparse row updates -----------------------------------------------------------
 def occurrence_layers(indices: Any) -> list[Any]:
     """Split positions of ``indices`` into layers without repeats, preserving order.
 
@@ -288,7 +304,7 @@ def occurrence_layers(indices: Any) -> list[Any]:
 
 def check_indices(ctx: OpContext, indices: Any, rows: int, what: str = "indices") -> Any:
     """``indices`` as a flat int64 array, each in [0, rows)."""
-    idx = np.asarray(indices).reshape(-1).astype(np.int64)
+    idx = host(indices).reshape(-1).astype(np.int64)
     if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= rows):
         raise ctx.fail(f"{what} must lie in [0, {rows}), got [{int(idx.min())}, "
                        f"{int(idx.max())}]")
@@ -315,7 +331,10 @@ def check_rows(ctx: OpContext, table: Any, idx: Any, rows: Any, what: str = "gra
 @register_op("ScatterWeightedSum", inputs=(5, None), outputs=1, inplace=[(0, 0)],
              shape=_like_inputs(0))
 def scatter_weighted_sum(ctx: OpContext) -> Outputs:
-    """[X0, w0, indices, slices1, w1, ...] -> X0 with X0[idx] = w0·X0[idx] + Σ wᵢ·slicesᵢ."""
+    """[X0, w0, indices, slices1, w1, ...] -> X0 with X0[idx] = w0·X0[idx] + Σ wᵢ·slicesᵢ.
+
+    Repeated indices scale their row once per occurrence and add every slice (as Caffe2).
+    """
     x0, w0, indices = ctx.inputs[0], _scalar(ctx.inputs[1]), ctx.inputs[2]
     if (len(ctx.inputs) - 3) % 2:
         raise ctx.fail("inputs after the indices must come in (slices, weight) pairs")
@@ -325,15 +344,14 @@ def scatter_weighted_sum(ctx: OpContext) -> Outputs:
         term = check_rows(ctx, x0, idx, slices, "slices") * np.asarray(w, x0.dtype).reshape(())
         update = term if update is None else update + term
     out = writable(ctx, x0, 0, 0)
-    if update is None or idx.size == 0:
+    if idx.size == 0:
         return (out,)
-    update = update.astype(x0.dtype)
-    if w0 == 1.0:
-        np.add.at(out, idx, update)
-        return (out,)
-    for layer in occurrence_layers(idx):
-        rows = idx[layer]
-        out[rows] = out[rows] * np.asarray(w0, x0.dtype) + update[layer]
+    # Caffe2 first scales every listed row by w0 (a row listed k times gets w0**k), then
+    # adds every weighted slice.
+    if w0 != 1.0:
+        np.multiply.at(out, idx, np.asarray(w0, x0.dtype))
+    if update is not None:
+        np.add.at(out, idx, update.astype(x0.dtype))
     return (out,)
 
 
@@ -365,6 +383,24 @@ def momentum_sgd_update(ctx: OpContext) -> Outputs:
     g, m, lr, p = ctx.inputs
     adjusted, new_m = _momentum_step(g, m, _scalar(lr), *_momentum_args(ctx))
     return adjusted, new_m, (p - adjusted).astype(p.dtype)
+
+
+def _decayed_momentum_update(ctx: OpContext) -> Outputs:
+    """[grad, moment, lr, param] -> [adjusted grad, moment, param] with weight decay.
+
+    The gradient becomes ``grad + weight_decay·param``; the math runs in float32 and each
+    output keeps its input's dtype (float16 for FP16MomentumSGDUpdate).
+    """
+    g, m, lr, p = ctx.inputs
+    wd = ctx.float_arg("weight_decay", 0.0)
+    g32, m32, p32 = (v.astype(np.float32) for v in (g, m, p))
+    adjusted, new_m = _momentum_step(g32 + wd * p32, m32, _scalar(lr), *_momentum_args(ctx))
+    return adjusted.astype(g.dtype), new_m.astype(m.dtype), (p32 - adjusted).astype(p.dtype)
+
+
+for _type in ("FP16MomentumSGDUpdate", "FP32MomentumSGDUpdate"):
+    register_op(_type, inputs=4, outputs=3, inplace=[(0, 0), (1, 1), (3, 2)],
+                shape=_like_inputs(0, 1, 3))(_decayed_momentum_update)
 
 
 @register_op("SparseMomentumSGDUpdate", inputs=5, outputs=3,
@@ -411,7 +447,7 @@ def _half_to_float_grad(g: GradientBuilder) -> None:
 
 
 
-# --- adaptive optimizers -----------------------------------------------------------------------
+# --- adaptive optimizers ---------------------------------------------------------------------
 def _rows_of(ctx: OpContext, param: Any, indices: Any, grad: Any) -> tuple[Any, Any]:
     """(checked flat indices, grad as rows of param)."""
     idx = check_indices(ctx, indices, param.shape[0])
@@ -419,7 +455,7 @@ def _rows_of(ctx: OpContext, param: Any, indices: Any, grad: Any) -> tuple[Any, 
 
 
 def _f32(x: Any, like: Any) -> Any:
-    return np.asarray(x).astype(like.dtype, copy=False)
+    return x.astype(like.dtype, copy=False) if hasattr(x, "astype") else np.asarray(x, like.dtype)
 
 
 @register_op("Adagrad", inputs=4, outputs=(2, 4), inplace=[(0, 0), (1, 1)],
@@ -480,7 +516,7 @@ def row_wise_sparse_adagrad(ctx: OpContext) -> Outputs:
 def _adam_args(ctx: OpContext, iteration: Any) -> tuple[float, float, float, float]:
     """(beta1, beta2, epsilon, bias correction) with t = iter."""
     beta1, beta2 = ctx.float_arg("beta1", 0.9), ctx.float_arg("beta2", 0.999)
-    t = int(np.asarray(iteration).reshape(-1)[0]) + 1
+    t = int(_scalar(iteration)) + 1
     correction = np.sqrt(1 - beta2 ** t) / (1 - beta1 ** t)
     return beta1, beta2, ctx.float_arg("epsilon", 1e-5), float(correction)
 
@@ -609,20 +645,50 @@ def rms_prop(ctx: OpContext) -> Outputs:
     return _f32(new_mom, g), new_ms, new_mom
 
 
+def _ftrl_step(ctx: OpContext, w: Any, n: Any, z: Any, g: Any, alpha: float) -> tuple:
+    """(new w, new n, new z) of one FTRL-proximal step."""
+    beta = ctx.float_arg("beta", 1.0)
+    l1, l2 = ctx.float_arg("lambda1", 0.001), ctx.float_arg("lambda2", 0.001)
+    new_n = n + g * g
+    new_z = z + g - (np.sqrt(new_n) - np.sqrt(n)) / alpha * w
+    shrink = (l1 * np.sign(new_z) - new_z) / ((beta + np.sqrt(new_n)) / alpha + l2)
+    return np.where(np.abs(new_z) > l1, shrink, 0), new_n, new_z
+
+
+def _ftrl_alpha(ctx: OpContext, index: int) -> float:
+    if len(ctx.inputs) > index:
+        return _scalar(ctx.inputs[index])
+    return ctx.float_arg("alpha", 0.005)
+
+
 @register_op("Ftrl", inputs=(3, 4), outputs=2, inplace=[(0, 0), (1, 1)],
              shape=_like_inputs(0, 1))
 def ftrl(ctx: OpContext) -> Outputs:
     """[var, n_z (var.shape + [2]), grad(, alpha)] -> [var, n_z] (FTRL-proximal)."""
     w, nz, g = ctx.inputs[:3]
-    alpha = _scalar(ctx.inputs[3]) if len(ctx.inputs) > 3 else ctx.float_arg("alpha", 0.005)
-    beta = ctx.float_arg("beta", 1.0)
-    l1, l2 = ctx.float_arg("lambda1", 0.001), ctx.float_arg("lambda2", 0.001)
-    pairs = np.asarray(nz).reshape(-1, 2)
-    n, z = pairs[:, 0].reshape(w.shape), pairs[:, 1].reshape(w.shape)
-    new_n = n + g * g
-    sigma = (np.sqrt(new_n) - np.sqrt(n)) / alpha
-    new_z = z + g - sigma * w
-    shrink = (l1 * np.sign(new_z) - new_z) / ((beta + np.sqrt(new_n)) / alpha + l2)
-    new_w = np.where(np.abs(new_z) > l1, shrink, 0)
-    new_nz = np.stack([new_n, new_z], axis=-1).reshape(np.shape(nz))
+    pairs = nz.reshape(-1, 2)
+    new_w, new_n, new_z = _ftrl_step(ctx, w, pairs[:, 0].reshape(w.shape),
+                                     pairs[:, 1].reshape(w.shape), g, _ftrl_alpha(ctx, 3))
+    new_nz = np.stack([new_n, new_z], axis=-1).reshape(nz.shape)
     return _f32(new_w, w), _f32(new_nz, nz)
+
+
+@register_op("SparseFtrl", inputs=(4, 5), outputs=2, inplace=[(0, 0), (1, 1)],
+             shape=_like_inputs(0, 1))
+def sparse_ftrl(ctx: OpContext) -> Outputs:
+    """[var, n_z, indices, grad(, alpha)] -> [var, n_z], rows only."""
+    w, nz, indices, g = ctx.inputs[:4]
+    idx, rows = _rows_of(ctx, w, indices, g)
+    if nz.size != 2 * w.size:
+        raise ctx.fail(f"n_z must hold 2 values per element of var {w.shape}, got {nz.shape}")
+    new_w, new_nz = writable(ctx, w, 0, 0), writable(ctx, nz, 1, 1)
+    pairs = new_nz.reshape(w.shape[0], -1, 2)
+    alpha = _ftrl_alpha(ctx, 4)
+    for layer in occurrence_layers(idx):
+        r = idx[layer]
+        gi = rows[layer].reshape(r.size, -1)
+        wi, ni, zi = _ftrl_step(ctx, new_w[r].reshape(r.size, -1), pairs[r, :, 0],
+                                pairs[r, :, 1], gi, alpha)
+        new_w[r] = _f32(wi, w).reshape(new_w[r].shape)
+        pairs[r, :, 0], pairs[r, :, 1] = ni, zi
+    return new_w, pairs.reshape(nz.shape)

@@ -92,7 +92,20 @@ def resolve_shape(ctx: OpContext, old: Sequence[int], new: Sequence[int]) -> tup
     return tuple(shape)
 
 
-@register_op("Reshape", inputs=(1, 2), outputs=2, inplace=[(0, 0)])
+def _reshape_infer(op: Any, in_shapes: Sequence[Any], in_types: Sequence[Any]) -> list[Any]:
+    old_shape = None if in_shapes[0] is None else ((len(in_shapes[0]),), DataType.INT64)
+    new = arguments_dict(op.arg).get("shape")
+    if in_shapes[0] is None or len(op.input) > 1 or not isinstance(new, list):
+        return [None, old_shape]
+    old = [int(d) for d in in_shapes[0]]
+    shape = [old[i] if d == 0 and i < len(old) else int(d) for i, d in enumerate(new)]
+    if shape.count(-1) == 1:
+        known = int(np.prod([d for d in shape if d != -1]))
+        shape[shape.index(-1)] = int(np.prod(old)) // known if known else 0
+    return [(tuple(shape), in_types[0]), old_shape]
+
+
+@register_op("Reshape", inputs=(1, 2), outputs=2, inplace=[(0, 0)], shape=_reshape_infer)
 def reshape(ctx: OpContext) -> Outputs:
     """[X, (shape)] -> [reshaped, old_shape int64]; the shape arg or the 2nd input."""
     x = ctx.xp.asarray(ctx.inputs[0])
@@ -201,7 +214,25 @@ def concat_axis(ctx: OpContext, ndim: int) -> int:
     return axis + ndim if axis < 0 else axis
 
 
-@register_op("Concat", inputs=(1, None), outputs=(1, 2))
+def _concat_infer(op: Any, in_shapes: Sequence[Any], in_types: Sequence[Any]) -> list[Any]:
+    split_info = ((len(in_shapes),), DataType.INT32)
+    if any(s is None for s in in_shapes):
+        return [None, split_info][:len(op.output)]
+    args = arguments_dict(op.arg)
+    add_axis = bool(args.get("add_axis", 0))
+    ndim = len(in_shapes[0]) + (1 if add_axis else 0)
+    default = ndim - 1 if args.get("order", "NCHW") == "NHWC" else 1
+    axis = int(args.get("axis", default))
+    axis = axis + ndim if axis < 0 else axis
+    shape = list(in_shapes[0])
+    if add_axis:
+        shape.insert(axis, len(in_shapes))
+    else:
+        shape[axis] = sum(int(s[axis]) for s in in_shapes)
+    return [(tuple(shape), in_types[0]), split_info][:len(op.output)]
+
+
+@register_op("Concat", inputs=(1, None), outputs=(1, 2), shape=_concat_infer)
 def concat(ctx: OpContext) -> Outputs:
     """[X0, X1, ...] -> [concatenated, split_info int32 (sizes along axis)]."""
     xp = ctx.xp
@@ -279,6 +310,12 @@ def _concat_of_output_grads(g: GradientBuilder) -> None:
 
 
 register_gradient("Split")(_concat_of_output_grads)
+
+# Caffe2's backward-compatible names.
+register_op("DepthConcat", inputs=(1, None), outputs=(1, 2), shape=_concat_infer)(concat)
+register_op("DepthSplit", inputs=(1, 2), outputs=(1, None))(split)
+register_gradient("DepthConcat")(_concat_gradient)
+register_gradient("DepthSplit")(_concat_of_output_grads)
 
 
 @register_op("SplitByLengths", inputs=2, outputs=(1, None))

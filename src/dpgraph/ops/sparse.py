@@ -11,18 +11,18 @@ from typing import Any
 
 import numpy as np
 
-from dpgraph.ir.arguments import MakeArgument
+from dpgraph.ir.arguments import MakeArgument, arguments_dict
 from dpgraph.ir.blob import GradientSlice
 from dpgraph.ir.registry import register_gradient, register_op
 from dpgraph.ops.context import OpContext, Outputs
 from dpgraph.ops.gradient_builder import GradientBuilder
-from dpgraph.ops.optim import check_indices, check_rows, writable
+from dpgraph.ops.optim import check_indices, check_rows, host, writable
 
-FLOAT, INT32, INT64 = 1, 2, 10  # caffe2 TensorProto data types
+FLOAT, INT32, INT64, FLOAT16 = 1, 2, 10, 12  # caffe2 TensorProto data types
 
 
 def _int_array(x: Any) -> Any:
-    return np.asarray(x).reshape(-1).astype(np.int64)
+    return host(x).reshape(-1).astype(np.int64)
 
 
 def _out_dtype(data: Any) -> Any:
@@ -32,7 +32,7 @@ def _out_dtype(data: Any) -> Any:
 
 # --- gathers ---------------------------------------------------------------------------------
 def _gather_indices(ctx: OpContext, indices: Any, size: int) -> Any:
-    idx = np.asarray(indices).astype(np.int64)
+    idx = host(indices).astype(np.int64)
     if ctx.int_arg("wrap_indices", 0):
         idx = np.where(idx < 0, idx + size, idx)
     if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= size):
@@ -41,11 +41,13 @@ def _gather_indices(ctx: OpContext, indices: Any, size: int) -> Any:
     return idx
 
 
-def _gather_shape(axis: int) -> Any:
+def _gather_shape(default_axis: int) -> Any:
     def shape_fn(op: Any, shapes: list, types: list) -> list:
         data, idx = shapes[0], shapes[1]
         if data is None or idx is None:
             return [None]
+        axis = int(arguments_dict(op.arg).get("axis", default_axis))
+        axis = axis + len(data) if axis < 0 else axis
         return [((*data[:axis], *idx, *data[axis + 1:]), types[0] or FLOAT)]
 
     return shape_fn
@@ -58,7 +60,7 @@ def gather(ctx: OpContext) -> Outputs:
     axis = ctx.int_arg("axis", 0)
     axis = axis + data.ndim if axis < 0 else axis
     idx = _gather_indices(ctx, indices, data.shape[axis])
-    return (ctx.xp.take(data, idx, axis=axis),)
+    return (ctx.xp.take(data, ctx.xp.asarray(idx), axis=axis),)
 
 
 @register_gradient("Gather")
@@ -79,7 +81,7 @@ def batch_gather(ctx: OpContext) -> Outputs:
     data, indices = ctx.inputs
     axis = ctx.int_arg("axis", 1)
     idx = _gather_indices(ctx, indices, data.shape[axis])
-    return (ctx.xp.take(data, idx, axis=axis),)
+    return (ctx.xp.take(data, ctx.xp.asarray(idx), axis=axis),)
 
 
 @register_gradient("BatchGather")
@@ -117,7 +119,7 @@ def scatter_assign(ctx: OpContext) -> Outputs:
     return (out,)
 
 
-# --- lengths and segment reductions -------------------------------------------------------------
+# --- lengths and segment reductions ----------------------------------------------------------
 def _segment_ids(ctx: OpContext, lengths: Any, total: int) -> Any:
     lens = _int_array(lengths)
     if lens.size and int(lens.min()) < 0:
@@ -168,7 +170,12 @@ def _gathered(ctx: OpContext, data: Any, indices: Any) -> Any:
 
 
 def _lengths_shape(op: Any, shapes: list, types: list) -> list:
-    return [None]
+    """One row per segment: (len(LENGTHS),) + DATA.shape[1:]; float16 data gives float."""
+    data, lengths = shapes[0], shapes[-1]
+    if data is None or lengths is None or not lengths:
+        return [None]
+    dtype = FLOAT if types[0] in (None, FLOAT16) else types[0]
+    return [((lengths[0], *data[1:]), dtype)]
 
 
 @register_op("SparseLengthsSum", inputs=3, outputs=1, shape=_lengths_shape)
@@ -362,7 +369,7 @@ def lengths_to_segment_ids(ctx: OpContext) -> Outputs:
     return (np.repeat(np.arange(lens.size, dtype=np.int32), lens),)
 
 
-# --- dense conversions ------------------------------------------------------------------------
+# --- dense conversions -----------------------------------------------------------------------
 @register_op("SparseToDense", inputs=(2, 3), outputs=1)
 def sparse_to_dense(ctx: OpContext) -> Outputs:
     """[INDICES, VALUES(, DATA_TO_INFER_DIM)] -> dense rows, VALUES summed at INDICES."""
@@ -434,7 +441,7 @@ def batch_one_hot(ctx: OpContext) -> Outputs:
     return (out.astype(x2.dtype),)
 
 
-# --- masks ------------------------------------------------------------------------------------
+# --- masks -----------------------------------------------------------------------------------
 @register_op("BooleanMask", inputs=2, outputs=(1, 2))
 def boolean_mask(ctx: OpContext) -> Outputs:
     """[data, mask (bool, first dim)] -> [data[mask](, masked_indices int64)]."""
@@ -504,3 +511,65 @@ def _sequence_mask_grad(g: GradientBuilder) -> None:
     op = g.add("SequenceMask", inputs, [g.GI(0)])
     op.arg.extend(g.op.arg)
     op.arg.append(MakeArgument("grad", 1))
+
+
+@register_op("BatchBucketOneHot", inputs=3, outputs=1)
+def batch_bucket_one_hot(ctx: OpContext) -> Outputs:
+    """[X (N×D), LENS (D), BOUNDARIES (ΣLENS)] -> one-hot buckets, LENS[j] + 1 per feature.
+
+    Feature j's bucket is the number of its boundaries strictly below the value.
+    """
+    x, lens, bounds = ctx.inputs
+    lens = _int_array(lens)
+    x2 = np.asarray(x).reshape(np.shape(x)[0], -1)
+    bounds = np.asarray(bounds).reshape(-1)
+    if lens.size != x2.shape[1] or int(lens.sum()) != bounds.size:
+        raise ctx.fail(f"LENS must have {x2.shape[1]} entries summing to {bounds.size}")
+    out = np.zeros((x2.shape[0], int(lens.sum()) + lens.size), dtype=x2.dtype)
+    starts = np.r_[0, np.cumsum(lens)]
+    for j in range(lens.size):  # one vectorised search per feature column
+        bucket = np.searchsorted(bounds[starts[j]:starts[j + 1]], x2[:, j], side="left")
+        out[np.arange(x2.shape[0]), starts[j] + j + bucket] = 1
+    return (out,)
+
+
+def _batch_positions(ctx: OpContext, lengths: Any, indices: Any, width: int) -> tuple:
+    seg, lens = _segment_ids(ctx, lengths, np.size(indices))
+    cols = _int_array(indices)
+    if cols.size and (int(cols.min()) < 0 or int(cols.max()) >= width):
+        raise ctx.fail(f"indices must lie in [0, {width})")
+    return seg, cols, lens.size
+
+
+@register_op("BatchSparseToDense", inputs=(3, 4), outputs=1)
+def batch_sparse_to_dense(ctx: OpContext) -> Outputs:
+    """[LENGTHS, INDICES, VALUES(, DATA_TO_INFER_DIM)] -> N×dense_last_dim rows, VALUES placed
+    at INDICES within each row and ``default_value`` elsewhere."""
+    lengths, indices, values = ctx.inputs[:3]
+    if len(ctx.inputs) > 3:
+        width = int(np.shape(ctx.inputs[3])[1])
+    else:
+        width = ctx.int_arg("dense_last_dim", -1)
+        if width < 0:
+            raise ctx.fail("give 'dense_last_dim' or a DATA_TO_INFER_DIM input")
+    seg, cols, rows = _batch_positions(ctx, lengths, indices, width)
+    values = np.asarray(values).reshape(-1)
+    out = np.full((rows, width), ctx.float_arg("default_value", 0.0), dtype=values.dtype)
+    out[seg, cols] = values
+    return (out,)
+
+
+@register_gradient("BatchSparseToDense")
+def _batch_sparse_to_dense_grad(g: GradientBuilder) -> None:
+    g.add("BatchDenseToSparse", [g.I(0), g.I(1), g.GO(0)], [g.GI(2)])
+
+
+@register_op("BatchDenseToSparse", inputs=3, outputs=1)
+def batch_dense_to_sparse(ctx: OpContext) -> Outputs:
+    """[LENGTHS, INDICES, DENSE] -> the DENSE values at INDICES of each row (inverse of
+    BatchSparseToDense)."""
+    lengths, indices, dense = ctx.inputs
+    seg, cols, rows = _batch_positions(ctx, lengths, indices, dense.shape[1])
+    if rows != dense.shape[0]:
+        raise ctx.fail(f"LENGTHS has {rows} rows but DENSE has {dense.shape[0]}")
+    return (dense[seg, cols],)

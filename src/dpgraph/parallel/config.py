@@ -8,59 +8,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+from dpgraph.collectives.rendezvous import Rendezvous, as_rendezvous
 from dpgraph.errors import NotSupportedError, ParallelizeError
 from dpgraph.ir.device import CPU, CUDA, IDEEP
 
 BuilderFun = Callable[..., Any] | None
-
-
-@dataclass(frozen=True)
-class Rendezvous:
-    """Caffe2's rendezvous dict as a typed value (``rendezvous=None`` means one host)."""
-
-    kv_handler: Any = None
-    shard_id: int = 0
-    num_shards: int = 1
-    engine: str = "GLOO"
-    transport: str | None = None
-    interface: str | None = None
-    mpi_rendezvous: bool = False
-    extra: Mapping[str, Any] = field(default_factory=dict)
-
-    @classmethod
-    def from_legacy(cls, value: Any) -> Rendezvous | None:
-        """Accept ``None``, a :class:`Rendezvous` or Caffe2's dict form."""
-        if value is None or isinstance(value, Rendezvous):
-            return value
-        if not isinstance(value, Mapping):
-            raise ParallelizeError(
-                f"rendezvous must be None, a dict or a Rendezvous, got {type(value).__name__}."
-            )
-        known = {"kv_handler", "shard_id", "num_shards", "engine", "transport", "interface",
-                 "mpi_rendezvous"}
-        missing = {"num_shards", "shard_id"} - set(value)
-        if missing and int(value.get("num_shards", 1)) > 1:
-            raise ParallelizeError(
-                f"rendezvous dict lacks {sorted(missing)}; give kv_handler, shard_id, "
-                "num_shards and engine."
-            )
-        return cls(
-            kv_handler=value.get("kv_handler"),
-            shard_id=int(value.get("shard_id", 0)),
-            num_shards=int(value.get("num_shards", 1)),
-            engine=value.get("engine", "GLOO"),
-            transport=value.get("transport"),
-            interface=value.get("interface"),
-            mpi_rendezvous=bool(value.get("mpi_rendezvous", False)),
-            extra={k: v for k, v in value.items() if k not in known},
-        )
-
-    @property
-    def is_distributed(self) -> bool:
-        return self.num_shards > 1
 
 
 @dataclass(frozen=True)
@@ -172,11 +127,13 @@ def make_config(**kwargs: Any) -> ParallelConfig:
     else:
         device_type, prefix = _gpu_device_type(), "gpu"
     devices = _normalise_devices(kwargs.pop("devices", None), cpu_device or ideep)
-    legacy = kwargs.pop("rendezvous", None)
+    given = kwargs.pop("rendezvous", None)
+    rendezvous = as_rendezvous(given)
+    legacy = given if given is None or isinstance(given, Mapping) else rendezvous.to_legacy()
     keep = kwargs.pop("blobs_to_keep", None)
     return ParallelConfig(
         devices=devices, device_type=device_type, device_prefix=prefix,
-        rendezvous=Rendezvous.from_legacy(legacy), rendezvous_legacy=legacy,
+        rendezvous=rendezvous, rendezvous_legacy=legacy,
         blobs_to_keep=None if keep is None else tuple(keep), **kwargs,
     )
 
@@ -200,7 +157,7 @@ def check_supported(config: ParallelConfig) -> None:
     for flag in ("optimize_gradient_memory", "dynamic_memory_management"):
         if getattr(config, flag):
             _require_memory_pass(flag)
-    if config.rendezvous is not None and config.rendezvous.is_distributed:
+    if config.rendezvous is not None and config.rendezvous.is_multi_host:
         from dpgraph.parallel.distributed import get_distributed_hooks
 
         get_distributed_hooks(config)

@@ -54,7 +54,7 @@ def _group_gradients(state: ParallelState) -> None:
 def _reduce_gradients(state: ParallelState) -> None:
     config = state.config
     if config.broadcast_computed_params:
-        if config.rendezvous is not None and config.rendezvous.is_distributed:
+        if config.rendezvous is not None and config.rendezvous.is_multi_host:
             distributed.get_distributed_hooks(config).broadcast_computed_params(state)
         else:
             broadcast_computed_params(state)
@@ -62,7 +62,7 @@ def _reduce_gradients(state: ParallelState) -> None:
         log.info("NOTE: Param builder function did not create any parameters.")
         return
     names = list(reversed(state.grad_names))
-    if config.rendezvous is not None and config.rendezvous.is_distributed:
+    if config.rendezvous is not None and config.rendezvous.is_multi_host:
         distributed.get_distributed_hooks(config).allreduce(state, names, state.model.net)
     else:
         allreduce_single_host(state, names, state.model.net)
@@ -95,7 +95,7 @@ def _finish(state: ParallelState) -> None:
     state.init_nets = [model.param_init_net]
     state.nets = [model.net]
     state.finished = True
-    if config.rendezvous is not None and config.rendezvous.is_distributed:
+    if config.rendezvous is not None and config.rendezvous.is_multi_host:
         distributed.get_distributed_hooks(config).add_barrier(
             state, config.barrier_net_timeout_sec)
     if config.shared_model:
@@ -121,6 +121,8 @@ def _run(state: ParallelState) -> None:
     if not config.has_parameter_updates:
         log.info("Parameter update function not defined --> only forward")
         grouping.infer_blob_device(state)
+        state.init_nets, state.nets = [model.param_init_net], [model.net]
+        state.finished = True
         return
     if config.combine_spatial_bn:
         combine_spatial_bn(state)

@@ -16,7 +16,6 @@ from dpgraph.parallel.config import ParallelConfig
 from dpgraph.proto import caffe2_pb2
 
 
-
 @dataclass
 class ParallelState:
     """Results of the Parallelize pipeline for one model."""

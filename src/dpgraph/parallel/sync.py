@@ -29,7 +29,7 @@ def sync_params(state: ParallelState, init_net: Any, net: Any, names: Iterable[s
     """
     ordered = sorted(names)
     config = state.config
-    if config.rendezvous is not None and config.rendezvous.is_distributed:
+    if config.rendezvous is not None and config.rendezvous.is_multi_host:
         get_distributed_hooks(config).sync_params(state, init_net, net, ordered,
                                                   max_concurrent_distributed_ops)
         return

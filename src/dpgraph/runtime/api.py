@@ -253,9 +253,9 @@ _KNOWN_FLAGS = frozenset({
     "caffe2_net_async_max_numa_nodes", "caffe2_net_async_thread_pool_size",
     "caffe2_net_async_names_to_trace", "caffe2_net_async_tracing_nth",
     "caffe2_net_async_inference_mode", "caffe2_streams_per_gpu", "caffe2_dag_net_collect_stats",
-    "caffe2_override_executor", "caffe2_cudnn_ws_nbytes_limit", "caffe2_gpu_memory_tracking",
+    "caffe2_override_executor", "caffe2_cudnn_ws_nbytes_limit",
     "caffe2_simple_net_benchmark_run_whole_net", "caffe2_quit_on_unsupported_cpu_feature",
-    "caffe2_version", "caffe2_engine", "caffe2_omp_num_threads",
+    "caffe2_version", "caffe2_engine",
     "v", "minloglevel", "logtostderr", "alsologtostderr", "stderrthreshold", "log_dir",
 })
 _LOG_LEVELS = {0: logging.INFO, 1: logging.WARNING, 2: logging.ERROR, 3: logging.CRITICAL}

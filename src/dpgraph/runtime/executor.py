@@ -149,13 +149,14 @@ class DagExecutor:
     def _run_chain(self, state: _RunState, index: int | None, pool: _WorkerPool) -> None:
         """Run ``index``, then keep running one newly ready child in this thread."""
         while index is not None:
-            failed = False
-            try:
-                self.ops[index].run(state.blobs, state.placement)
-            except BaseException as error:  # noqa: BLE001 - re-raised in the caller
-                failed = True
-                with state.lock:
-                    state.errors.append((index, error))
+            failed = bool(state.errors)  # after a failure, queued ops are skipped
+            if not failed:
+                try:
+                    self.ops[index].run(state.blobs, state.placement)
+                except BaseException as error:  # noqa: BLE001 - re-raised in the caller
+                    failed = True
+                    with state.lock:
+                        state.errors.append((index, error))
             following = None
             with state.lock:
                 state.in_flight -= 1

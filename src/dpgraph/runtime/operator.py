@@ -62,8 +62,13 @@ class RuntimeOpContext(OpContext):
         return self._rng
 
 
+MISSING = object()
+
+
 def _describe_value(value: Any, key: DeviceKey | None) -> str:
     where = device_name(key) if key is not None else "any device"
+    if value is MISSING:
+        return "missing"
     if value is None:
         return "empty"
     shape = getattr(value, "shape", None)
@@ -104,7 +109,7 @@ class OpInstance:
                  entropy: Sequence[int]) -> None:
         self.index, self.op, self.type, self.net_name = index, op, op.type, net_name
         self.schema = _lookup_schema(op, index, net_name)
-        self.kernel = self.schema.kernel
+        self.kernel: Callable[..., Any] = self.schema.kernel  # type: ignore[assignment]
         device = effective_device(op, net_device)
         self.key: DeviceKey = device_key(device)
         try:
@@ -144,6 +149,8 @@ class OpInstance:
                 if where is not None and where is not key and where != key and \
                         not devices.can_read(key, where):
                     raise self.failure(self._device_error(name, where), values, placement)
+        if self.real_gpu and not self.cross:
+            values = _host_inputs_to_device(values, key)
         ctx = self.ctx
         ctx.inputs = values
         try:
@@ -186,7 +193,7 @@ class OpInstance:
         return self.failure(BlobNotFoundError(
             f"Encountered a non-existing input blob: {missing[0]!r}; feed it with "
             f"workspace.FeedBlob or run the net that produces it first."),
-            [blobs.get(n) for n in self.inputs], placement)
+            [blobs.get(n, MISSING) for n in self.inputs], placement)
 
     def _device_error(self, name: str, where: DeviceKey) -> DeviceError:
         return DeviceError(
@@ -211,10 +218,17 @@ class OpInstance:
             lines.extend("    " + entry.rstrip().replace("\n", "\n    ")
                          for entry in stack[-4:])
         error = _error_class(cause)("\n".join(lines))
-        error.op_index, error.op_type, error.net_name = self.index, self.type, self.net_name
-        error.device = device_name(self.key)
+        for attribute, value in (("op_index", self.index), ("op_type", self.type),
+                                 ("net_name", self.net_name), ("device", device_name(self.key))):
+            setattr(error, attribute, value)
         error.__cause__ = cause
         return error
+
+
+def _host_inputs_to_device(values: list[Any], key: DeviceKey) -> list[Any]:
+    """On a real GPU, host arrays a GPU op reads (counters, learning rates) are copied to
+    the op's GPU so the kernel sees one array type."""
+    return [devices.to_device(v, key) if type(v) is _ndarray else v for v in values]
 
 
 def _lookup_schema(op: caffe2_pb2.OperatorDef, index: int, net_name: str) -> OpSchema:

@@ -12,7 +12,7 @@ from dpgraph.proto import caffe2_pb2
 DT = caffe2_pb2.TensorProto
 
 #: numpy dtype -> (TensorProto.DataType, field holding the values)
-_TO_PROTO: dict[np.dtype, tuple[int, str]] = {
+_TO_PROTO: dict[np.dtype, tuple[Any, str]] = {
     np.dtype(np.float32): (DT.FLOAT, "float_data"),
     np.dtype(np.float64): (DT.DOUBLE, "double_data"),
     np.dtype(np.int32): (DT.INT32, "int32_data"),
@@ -80,6 +80,8 @@ def numpy_to_tensor_proto(array: Any, name: str | None = None) -> caffe2_pb2.Ten
     flat = array.reshape(-1)
     if data_type == DT.FLOAT16:
         flat = flat.view(np.uint16)
+    elif data_type == DT.BOOL:
+        flat = flat.astype(np.int32)
     getattr(proto, field).extend(flat.tolist())
     return proto
 

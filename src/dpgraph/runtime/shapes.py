@@ -71,7 +71,7 @@ def _run_kernel(op: caffe2_pb2.OperatorDef, in_shapes: list[Shape], in_types: li
     values = []
     for name, shape, data_type in zip(op.input, in_shapes, in_types):
         actual = None if workspace is None else workspace.get_blob_or_none(name)
-        if devices.is_array(actual) and tuple(actual.shape) == shape:
+        if actual is not None and devices.is_array(actual) and tuple(actual.shape) == shape:
             values.append(np.array(devices.to_host(actual), copy=True))
         else:
             values.append(np.zeros(shape, dtype=DATA_TYPE_TO_NUMPY.get(data_type, np.float32)))
@@ -82,10 +82,10 @@ def _run_kernel(op: caffe2_pb2.OperatorDef, in_shapes: list[Shape], in_types: li
         outs = schema.kernel(ctx)
     result: list[tuple[Shape, int] | None] = []
     for value in outs:
-        data_type = value_data_type(value)
-        shape = getattr(value, "shape", None)
-        result.append(None if data_type is None or shape is None
-                      else (tuple(shape), data_type))
+        out_type = value_data_type(value)
+        out_shape = getattr(value, "shape", None)
+        result.append(None if out_type is None or out_shape is None
+                      else (tuple(out_shape), out_type))
     return result
 
 

@@ -30,6 +30,10 @@ logger = logging.getLogger("dpgraph.runtime")
 DeviceKey = tuple[int, int]
 
 
+class MissingBlobError(BlobNotFoundError, WorkspaceError):
+    """A blob is not in the workspace (a KeyError and, as in Caffe2, a RuntimeError)."""
+
+
 class NetInstance:
     """A net created in a workspace: a snapshot of its NetDef, its ops and its executor."""
 
@@ -95,8 +99,8 @@ class Workspace:
         self._blobs: dict[str, Any] = {}
         self._placement: dict[str, DeviceKey | None] = {}
         self._nets: dict[str, NetInstance] = {}
-        self.seed = int(np.random.SeedSequence(seed).entropy % (2**63)) \
-            if seed is None else int(seed)
+        entropy: Any = np.random.SeedSequence().entropy
+        self.seed = int(entropy) % (2**63) if seed is None else int(seed)
         self.rng = np.random.default_rng(self.seed)
         self._instantiations = itertools.count()
         self._lock = threading.RLock()
@@ -119,7 +123,7 @@ class Workspace:
     def reset_blob(self, name: Any) -> None:
         name = str(name)
         if name not in self._blobs:
-            raise BlobNotFoundError(f"Can't find blob: {name}")
+            raise MissingBlobError(f"Can't find blob: {name}")
         self._blobs[name] = None
         self._placement[name] = None
 
@@ -131,7 +135,7 @@ class Workspace:
         """The device a blob lives on (``None`` for empty and non-tensor blobs)."""
         name = str(name)
         if name not in self._blobs:
-            raise BlobNotFoundError(f"Can't find blob: {name}")
+            raise MissingBlobError(f"Can't find blob: {name}")
         return self._placement[name]
 
     def get_blob_or_none(self, name: str, device: Any = None) -> Any:
@@ -144,7 +148,7 @@ class Workspace:
         try:
             return self._blobs[name]
         except KeyError:
-            raise BlobNotFoundError(f"Can't find blob: {name}") from None
+            raise MissingBlobError(f"Can't find blob: {name}") from None
 
     def set_blob(self, name: Any, value: Any, device: DeviceKey | None = devices.CPU_KEY) -> None:
         """Store ``value`` as is on placement ``device`` (no conversion, no copy)."""
@@ -178,7 +182,7 @@ class Workspace:
         """A host copy of a blob's value (bytes for string blobs)."""
         name = str(name)
         if name not in self._blobs:
-            raise BlobNotFoundError(f"Can't find blob: {name}")
+            raise MissingBlobError(f"Can't find blob: {name}")
         value = self._blobs[name]
         if value is None:
             raise WorkspaceError(f"Blob {name!r} is empty (created but never written, or freed)"
@@ -240,8 +244,9 @@ class Workspace:
         return True
 
     def run_net_once(self, net: Any) -> bool:
-        """Instantiate a temporary net (no creation checks, as in Caffe2) and run it once."""
+        """Instantiate a temporary net (with CreateNet's checks) and run it once."""
         proto = as_net_proto(net)
+        check_net_definition(proto)
         instance = NetInstance(proto, self)
         try:
             instance.run()

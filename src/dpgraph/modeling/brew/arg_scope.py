@@ -10,13 +10,13 @@ from typing import Any
 
 from dpgraph.errors import HelperError
 
-_current_scope: contextvars.ContextVar[dict[str, dict[str, Any]]] = contextvars.ContextVar(
-    "dpgraph_brew_arg_scope", default={})
+_current_scope: contextvars.ContextVar[dict[str, dict[str, Any]] | None] = (
+    contextvars.ContextVar("dpgraph_brew_arg_scope", default=None))
 
 
 def get_current_scope() -> dict[str, dict[str, Any]]:
     """``{helper name: {kwarg: value}}`` of the active ``arg_scope`` blocks."""
-    return _current_scope.get()
+    return _current_scope.get() or {}
 
 
 @contextlib.contextmanager

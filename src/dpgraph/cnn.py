@@ -1,0 +1,5 @@
+"""Caffe2's ``cnn`` module."""
+
+from dpgraph.modeling.cnn import CNNModelHelper
+
+__all__ = ["CNNModelHelper"]

@@ -1,0 +1,1 @@
+"""Compatibility layers for running unmodified Caffe2 scripts on dpgraph."""

@@ -1,0 +1,145 @@
+"""The Caffe2 import alias: make ``caffe2.python.*`` and ``caffe2.proto.*`` resolve to dpgraph.
+
+Either call :func:`install` before the script imports Caffe2::
+
+    from dpgraph.compat import caffe2 as caffe2_alias
+    caffe2_alias.install()
+    from caffe2.python import core, workspace, data_parallel_model   # dpgraph modules
+
+or run the script unchanged with ``python -m dpgraph.compat.caffe2 SCRIPT [ARGS]``.
+
+``caffe2.python.X`` is ``dpgraph.X`` (the very same module object), resolved lazily at
+import time, so modules that do not exist yet fail only when a script imports them.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import runpy
+import sys
+import types
+from collections.abc import Sequence
+from typing import Any
+
+_PACKAGES = ("caffe2", "caffe2.python", "caffe2.proto")
+_SPECIAL = {
+    "caffe2.proto.caffe2_pb2": "dpgraph.proto.caffe2_pb2",
+    "caffe2.python.helpers": "dpgraph.modeling.brew",
+    "caffe2.python.modeling": "dpgraph.modeling",
+}
+
+
+def target_of(fullname: str) -> str | None:
+    """The dpgraph module a ``caffe2...`` module name maps to (``None``: not aliased)."""
+    if fullname in _SPECIAL:
+        return _SPECIAL[fullname]
+    for alias, target in _SPECIAL.items():
+        if fullname.startswith(alias + "."):
+            return target + fullname[len(alias):]
+    if fullname.startswith("caffe2.python."):
+        return "dpgraph." + fullname[len("caffe2.python."):]
+    return None
+
+
+class _PackageLoader(importlib.abc.Loader):
+    """Empty namespace-like packages ``caffe2``, ``caffe2.python`` and ``caffe2.proto``."""
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
+        module = types.ModuleType(spec.name, f"dpgraph alias package for {spec.name}")
+        module.__path__ = []
+        module.__dpgraph_alias__ = True  # type: ignore[attr-defined]
+        return module
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        """Nothing to run: submodules are resolved by the finder."""
+
+
+class _AliasLoader(importlib.abc.Loader):
+    """Returns the dpgraph module itself and keeps its own ``__spec__`` intact."""
+
+    def __init__(self, target: str) -> None:
+        self.target = target
+        self._spec: Any = None
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
+        module = importlib.import_module(self.target)
+        self._spec = module.__spec__
+        return module
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        module.__spec__ = self._spec  # the import system overwrote it with the alias spec
+
+
+class Caffe2AliasFinder(importlib.abc.MetaPathFinder):
+    """Meta-path finder mapping ``caffe2`` module names to dpgraph modules."""
+
+    def find_spec(self, fullname: str, path: Any = None,
+                  target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        if fullname in _PACKAGES:
+            return importlib.machinery.ModuleSpec(fullname, _PackageLoader(),
+                                                  is_package=True)
+        dp_name = target_of(fullname)
+        if dp_name is None:
+            return None
+        if importlib.util.find_spec(dp_name) is None:
+            return None
+        spec = importlib.machinery.ModuleSpec(fullname, _AliasLoader(dp_name),
+                                              is_package=True)
+        return spec
+
+
+_FINDER = Caffe2AliasFinder()
+
+
+def is_installed() -> bool:
+    return _FINDER in sys.meta_path
+
+
+def install() -> None:
+    """Route ``import caffe2...`` to dpgraph (idempotent).
+
+    Raises ImportError if a real Caffe2 was imported already in this process.
+    """
+    existing = sys.modules.get("caffe2")
+    if existing is not None and not getattr(existing, "__dpgraph_alias__", False):
+        raise ImportError(
+            "A real caffe2 package is already imported; call "
+            "dpgraph.compat.caffe2.install() before anything imports caffe2."
+        )
+    if not is_installed():
+        sys.meta_path.insert(0, _FINDER)
+
+
+def uninstall() -> None:
+    """Remove the alias and forget every aliased ``caffe2`` module."""
+    while _FINDER in sys.meta_path:
+        sys.meta_path.remove(_FINDER)
+    for name in [n for n in sys.modules if n == "caffe2" or n.startswith("caffe2.")]:
+        del sys.modules[name]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m dpgraph.compat.caffe2 SCRIPT [ARGS]`` or ``... -m MODULE [ARGS]``."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help"):
+        print("usage: python -m dpgraph.compat.caffe2 SCRIPT [ARGS...]\n"
+              "       python -m dpgraph.compat.caffe2 -m MODULE [ARGS...]\n"
+              "Runs a Caffe2 script with caffe2.python.* resolved to dpgraph.")
+        return 0 if args else 2
+    install()
+    if args[0] == "-m" and len(args) > 1:
+        sys.argv = [args[1], *args[2:]]
+        runpy.run_module(args[1], run_name="__main__", alter_sys=True)
+    else:
+        sys.argv = list(args)
+        runpy.run_path(args[0], run_name="__main__")
+    return 0
+
+
+if __name__ == "__main__":
+    from dpgraph.compat.caffe2 import main as _main
+
+    sys.exit(_main())

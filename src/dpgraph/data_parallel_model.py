@@ -1,0 +1,157 @@
+"""Caffe2's ``data_parallel_model``: Parallelize and its helpers, under Caffe2's names.
+
+A thin facade: the legacy keyword arguments become one frozen
+:class:`~dpgraph.parallel.config.ParallelConfig`, and :mod:`dpgraph.parallel` does the work.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from dpgraph.errors import NotSupportedError
+from dpgraph.parallel.collectives_control import CollectivesConcurrencyControl
+from dpgraph.parallel.config import make_config
+from dpgraph.parallel.grouping import stripBlobName
+from dpgraph.parallel.lifecycle import (
+    AddBlobSync,
+    AddDistributedBlobSync,
+    CreateNet,
+    FinalizeAfterCheckpoint,
+    GetCheckpointParams,
+    RunInitNet,
+    RunNet,
+    RunWarmup,
+)
+from dpgraph.parallel.lifecycle import Synchronize as _synchronize
+from dpgraph.parallel.pipeline import parallelize
+from dpgraph.parallel.predictor import (
+    ConvertNetForDevice,
+    ExtractPredictorNet,
+    GetLearningRateBlobNames,
+)
+
+_DEFAULT_TIMEOUT_SEC = 30
+_DEFAULT_BARRIER_NET_TIMEOUT_SEC = 300
+
+Builder = Callable[..., Any] | None
+
+
+def Parallelize(
+    model_helper_obj: Any,
+    input_builder_fun: Builder,
+    forward_pass_builder_fun: Builder,
+    param_update_builder_fun: Builder = None,
+    optimizer_builder_fun: Builder = None,
+    post_sync_builder_fun: Builder = None,
+    pre_grad_net_transformer_fun: Builder = None,
+    net_transformer_fun: Builder = None,
+    devices: Iterable[int] | None = None,
+    rendezvous: Any = None,
+    net_type: str = "dag",
+    broadcast_computed_params: bool = True,
+    optimize_gradient_memory: bool = False,
+    dynamic_memory_management: bool = False,
+    blobs_to_keep: Any = None,
+    use_nccl: bool = False,
+    max_concurrent_distributed_ops: int = 16,
+    cpu_device: bool = False,
+    ideep: bool = False,
+    num_threads_per_device: int = 4,
+    shared_model: bool = False,
+    combine_spatial_bn: bool = False,
+    barrier_net_timeout_sec: float = _DEFAULT_BARRIER_NET_TIMEOUT_SEC,
+) -> None:
+    """Replicate a model over ``devices`` and add synchronous-SGD gradient all-reduce.
+
+    Each device gets ``input_builder_fun(model)`` and
+    ``forward_pass_builder_fun(model, loss_scale)`` under ``DeviceScope`` and
+    ``NameScope("<prefix>_<id>")``; gradients are summed across devices (reverse param
+    order), then ``param_update_builder_fun`` runs per device (or
+    ``optimizer_builder_fun`` once).  If anything raises, the model is left unchanged.
+    """
+    config = make_config(
+        devices=devices, input_builder_fun=input_builder_fun,
+        forward_pass_builder_fun=forward_pass_builder_fun,
+        param_update_builder_fun=param_update_builder_fun,
+        optimizer_builder_fun=optimizer_builder_fun,
+        post_sync_builder_fun=post_sync_builder_fun,
+        pre_grad_net_transformer_fun=pre_grad_net_transformer_fun,
+        net_transformer_fun=net_transformer_fun, rendezvous=rendezvous, net_type=net_type,
+        broadcast_computed_params=broadcast_computed_params,
+        optimize_gradient_memory=optimize_gradient_memory,
+        dynamic_memory_management=dynamic_memory_management, blobs_to_keep=blobs_to_keep,
+        use_nccl=use_nccl, max_concurrent_distributed_ops=max_concurrent_distributed_ops,
+        cpu_device=cpu_device, ideep=ideep, num_threads_per_device=num_threads_per_device,
+        shared_model=shared_model, combine_spatial_bn=combine_spatial_bn,
+        barrier_net_timeout_sec=barrier_net_timeout_sec,
+    )
+    parallelize(model_helper_obj, config)
+
+
+def Parallelize_GPU(*args: Any, **kwargs: Any) -> None:
+    """``Parallelize`` on GPUs (``cpu_device=False``)."""
+    kwargs["cpu_device"] = False
+    Parallelize(*args, **kwargs)
+
+
+def Parallelize_CPU(*args: Any, **kwargs: Any) -> None:
+    """``Parallelize`` on CPU devices (``cpu_device=True``)."""
+    kwargs["cpu_device"] = True
+    Parallelize(*args, **kwargs)
+
+
+def Parallelize_iDeep(*args: Any, **kwargs: Any) -> None:
+    """``Parallelize`` on IDEEP devices (``ideep=True``)."""
+    kwargs["ideep"] = True
+    Parallelize(*args, **kwargs)
+
+
+def Synchronize(model: Any, timeout_sec: float = _DEFAULT_BARRIER_NET_TIMEOUT_SEC) -> None:
+    """Deprecated explicit barrier across hosts (warns; a no-op on one host)."""
+    _synchronize(model, timeout_sec)
+
+
+def _optional(module: str, name: str, feature: str) -> Callable[..., Any]:
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError):
+        raise NotSupportedError(
+            f"{feature} is not available in this build of dpgraph ({module}.{name} is "
+            "missing)."
+        ) from None
+
+
+def Parallelize_BMUF(*args: Any, **kwargs: Any) -> None:
+    """Blockwise model-update filtering (provided by ``dpgraph.parallel.bmuf``)."""
+    _optional("dpgraph.parallel.bmuf", "Parallelize_BMUF", "Parallelize_BMUF")(*args, **kwargs)
+
+
+def Parallelize_GPU_BMUF(*args: Any, **kwargs: Any) -> None:
+    kwargs["cpu_device"] = False
+    Parallelize_BMUF(*args, **kwargs)
+
+
+def Parallelize_CPU_BMUF(*args: Any, **kwargs: Any) -> None:
+    kwargs["cpu_device"] = True
+    Parallelize_BMUF(*args, **kwargs)
+
+
+def OptimizeGradientMemory(model: Any, input_shapes: Any, excluded_blobs: Any,
+                           recycle_activations: bool) -> None:
+    """Share gradient blobs per device (provided by ``dpgraph.memonger``)."""
+    _optional("dpgraph.parallel.memory_passes", "OptimizeGradientMemory",
+              "OptimizeGradientMemory")(model, input_shapes, excluded_blobs,
+                                        recycle_activations)
+
+
+__all__ = [
+    "AddBlobSync", "AddDistributedBlobSync", "CollectivesConcurrencyControl",
+    "ConvertNetForDevice", "CreateNet", "ExtractPredictorNet", "FinalizeAfterCheckpoint",
+    "GetCheckpointParams", "GetLearningRateBlobNames", "OptimizeGradientMemory",
+    "Parallelize", "Parallelize_BMUF", "Parallelize_CPU", "Parallelize_CPU_BMUF",
+    "Parallelize_GPU", "Parallelize_GPU_BMUF", "Parallelize_iDeep", "RunInitNet", "RunNet",
+    "RunWarmup", "Synchronize", "_DEFAULT_BARRIER_NET_TIMEOUT_SEC", "_DEFAULT_TIMEOUT_SEC",
+    "stripBlobName",
+]

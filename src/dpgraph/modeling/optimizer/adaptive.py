@@ -1,0 +1,206 @@
+"""Adaptive optimizers: Adagrad (dense, sparse, row-wise), Adam, RmsProp and FTRL."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dpgraph.errors import ModelConfigError, NotSupportedError
+from dpgraph.ir.blob import GradientSlice
+from dpgraph.modeling.optimizer.base import Optimizer, current_device, reject_lars
+from dpgraph.modeling.parameter_info import ParameterInfo
+
+
+def _static_rows(param_init_net: Any, param: Any) -> int | None:
+    """The first dimension of ``param`` from the ``shape`` argument of its fill op."""
+    for op in reversed(param_init_net.Proto().op):
+        if str(param) in op.output:
+            for arg in op.arg:
+                if arg.name == "shape" and arg.ints:
+                    return int(arg.ints[0])
+            return None
+    return None
+
+
+def _row_wise_state(param_init_net: Any, param: Any, name: str) -> Any:
+    """A [rows] zero blob named ``name``; rows from static shapes, else Shape/Slice."""
+    rows = _static_rows(param_init_net, param)
+    if rows is not None:
+        return param_init_net.ConstantFill([], name, shape=[rows], value=0.0)
+    shape = param_init_net.Shape(param, str(param) + "_shape")
+    num_rows = param_init_net.Slice([shape], str(shape) + "_numrows", starts=[0], ends=[1])
+    return param_init_net.ConstantFill(num_rows, name, input_as_shape=1, value=0.0)
+
+
+class AdagradOptimizer(Optimizer):
+    """Adagrad: ``h += g^2; param += lr * g / (sqrt(h) + epsilon)`` (lr negative)."""
+
+    def __init__(self, alpha: float = 0.01, epsilon: float = 1e-4, decay: float = 1,
+                 policy: str = "fixed", sparse_dedup_aggregator: Any = None,
+                 rowWise: bool = False, engine: str = "", lars: Any = None,
+                 **kwargs: Any) -> None:
+        super().__init__()
+        reject_lars("AdagradOptimizer", lars)
+        self.alpha = alpha
+        self.epsilon = epsilon
+        self.decay = decay
+        self.policy = policy
+        self.sparse_dedup_aggregator = sparse_dedup_aggregator
+        self.rowWise = rowWise
+        self.engine = engine
+        self.lars = lars
+        self.init_kwargs = kwargs
+
+    def _run(self, net: Any, param_init_net: Any, param_info: ParameterInfo) -> None:
+        param, grad = param_info.blob, param_info.grad
+        if self.alpha <= 0:
+            return
+        lr, _ = self.build_lr(net, param_init_net, base_learning_rate=self.alpha,
+                              policy=self.policy, **self.init_kwargs)
+        if self.rowWise:
+            squared_sum = _row_wise_state(param_init_net, param,
+                                          str(param) + "_avg_squared_sum")
+        else:
+            squared_sum = param_init_net.ConstantFill([param], str(param) + "_squared_sum",
+                                                      value=0.0)
+        self._aux_params.local.append(squared_sum)
+        if self.rowWise and not isinstance(grad, GradientSlice):
+            raise ModelConfigError(
+                "If SparseAdagrad with rowWise=True, gradient must be a gradientslice. Please "
+                "ensure that rowWise is not enabled for the dense Adagrad optimizer.")
+        if isinstance(grad, GradientSlice):
+            if self.decay != 1.0:
+                raise NotSupportedError(
+                    "Decay is not implemented for SparseAdagrad and must be set to 1")
+            grad = self.dedup(net, self.sparse_dedup_aggregator, grad)
+            op = "RowWiseSparseAdagrad" if self.rowWise else "SparseAdagrad"
+            net.__getattr__(op)([param, squared_sum, grad.indices, grad.values, lr],
+                                [param, squared_sum], epsilon=self.epsilon, engine=self.engine)
+        else:
+            net.Adagrad([param, squared_sum, grad, lr], [param, squared_sum],
+                        epsilon=self.epsilon, decay=float(self.decay), engine=self.engine)
+
+    def scale_learning_rate(self, scale: float) -> None:
+        self.alpha *= scale
+
+
+class AdamOptimizer(Optimizer):
+    """Adam with ``<param>_first_moment`` and ``<param>_second_moment`` state."""
+
+    def __init__(self, alpha: float = 0.001, beta1: float = 0.9, beta2: float = 0.999,
+                 epsilon: float = 1e-8, policy: str = "fixed", sparse_dedup_aggregator: Any = None,
+                 rowWise: bool = False, engine: str = "", **kwargs: Any) -> None:
+        super().__init__()
+        self.alpha = alpha
+        self.beta1 = beta1
+        self.beta2 = beta2
+        self.epsilon = epsilon
+        self.policy = policy
+        self.sparse_dedup_aggregator = sparse_dedup_aggregator
+        self.rowWise = rowWise
+        self.engine = engine
+        self.init_kwargs = kwargs
+
+    def _run(self, net: Any, param_init_net: Any, param_info: ParameterInfo) -> None:
+        param, grad = param_info.blob, param_info.grad
+        if self.alpha <= 0:
+            return
+        lr, iteration = self.build_lr(net, param_init_net, base_learning_rate=self.alpha,
+                                      policy=self.policy, **self.init_kwargs)
+        m1 = param_init_net.ConstantFill([param], param + "_first_moment", value=0.0)
+        if self.rowWise:
+            m2 = _row_wise_state(param_init_net, param, str(param) + "_avg_second_moment")
+        else:
+            m2 = param_init_net.ConstantFill([param], param + "_second_moment", value=0.0)
+        self._aux_params.shared.append(iteration)
+        self._aux_params.local.append(m1)
+        self._aux_params.local.append(m2)
+        if self.rowWise and not isinstance(grad, GradientSlice):
+            raise ModelConfigError(
+                "If SparseAdam with rowWise=True, gradient must be a gradientslice. Please "
+                "ensure that rowWise is not enabled for the dense Adam optimizer.")
+        outputs = [param, m1, m2]
+        if isinstance(grad, GradientSlice):
+            grad = self.dedup(net, self.sparse_dedup_aggregator, grad)
+            op = "RowWiseSparseAdam" if self.rowWise else "SparseAdam"
+            net.__getattr__(op)([param, m1, m2, grad.indices, grad.values, lr, iteration],
+                                outputs, beta1=self.beta1, beta2=self.beta2,
+                                epsilon=self.epsilon)
+        else:
+            net.Adam([param, m1, m2, grad, lr, iteration], outputs, beta1=self.beta1,
+                     beta2=self.beta2, epsilon=self.epsilon)
+
+    def scale_learning_rate(self, scale: float) -> None:
+        self.alpha *= scale
+
+
+class RmsPropOptimizer(Optimizer):
+    """RmsProp on ``<param>_mean_squares``, then MomentumSGDUpdate with ``<param>_momentum``."""
+
+    def __init__(self, alpha: float = 0.01, decay: float = 0.9, momentum: float = 0.0,
+                 epsilon: float = 1e-5, policy: str = "fixed", engine: str = "",
+                 **kwargs: Any) -> None:
+        super().__init__()
+        self.alpha = alpha
+        self.decay = decay
+        self.momentum = momentum
+        self.epsilon = epsilon
+        self.policy = policy
+        self.engine = engine
+        self.init_kwargs = kwargs
+
+    def _run(self, net: Any, param_init_net: Any, param_info: ParameterInfo) -> None:
+        param, grad = param_info.blob, param_info.grad
+        if self.alpha <= 0:
+            raise ModelConfigError(f"RmsPropOptimizer: alpha must be positive, got {self.alpha}")
+        if isinstance(grad, GradientSlice):
+            raise NotSupportedError("RmsPropOptimizer doesn't support sparse gradients")
+        dev = current_device()
+        one = param_init_net.ConstantFill(
+            [], f"ONE_{dev.device_type}_{dev.device_id}", shape=[1], value=1.0)
+        lr, _ = self.build_lr(net, param_init_net, base_learning_rate=-self.alpha,
+                              policy=self.policy, **self.init_kwargs)
+        # Caffe2 passes ``values`` (not ``value``) here; the fills are zeros either way.
+        grad_o = param_init_net.ConstantFill([param], str(param) + "_grad_o", values=0.0)
+        ms = param_init_net.ConstantFill([param], str(param) + "_mean_squares", values=0.0)
+        mom = param_init_net.ConstantFill([param], str(param) + "_momentum", values=0.0)
+        self._aux_params.local.append(ms)
+        self._aux_params.local.append(mom)
+        net.RmsProp([grad, ms, mom, one], [grad_o, ms, mom], decay=self.decay,
+                    momentum=self.momentum, epsilon=self.epsilon, engine=self.engine)
+        net.MomentumSGDUpdate([grad_o, mom, lr, param], [grad_o, mom, param])
+
+    def scale_learning_rate(self, scale: float) -> None:
+        self.alpha *= scale
+
+
+class FtrlOptimizer(Optimizer):
+    """FTRL-proximal with state ``<param>_ftrl_nz`` (param shape + [2])."""
+
+    def __init__(self, alpha: float = 0.01, beta: float = 1e-4, lambda1: float = 0,
+                 lambda2: float = 0, sparse_dedup_aggregator: Any = None,
+                 engine: str = "") -> None:
+        super().__init__()
+        self.alpha = alpha
+        self.beta = beta
+        self.lambda1 = lambda1
+        self.lambda2 = lambda2
+        self.sparse_dedup_aggregator = sparse_dedup_aggregator
+        self.engine = engine
+
+    def _run(self, net: Any, param_init_net: Any, param_info: ParameterInfo) -> None:
+        param, grad = param_info.blob, param_info.grad
+        if self.alpha <= 0:
+            return
+        nz = param_init_net.ConstantFill([param], str(param) + "_ftrl_nz", extra_shape=[2],
+                                         value=0.0)
+        self._aux_params.local.append(nz)
+        settings = {"engine": self.engine, "alpha": self.alpha, "beta": self.beta,
+                    "lambda1": self.lambda1, "lambda2": self.lambda2}
+        if isinstance(grad, GradientSlice):
+            grad = self.dedup(net, self.sparse_dedup_aggregator, grad)
+            net.SparseFtrl([param, nz, grad.indices, grad.values], [param, nz], **settings)
+        else:
+            net.Ftrl([param, nz, grad], [param, nz], **settings)
+
+    def scale_learning_rate(self, scale: float) -> None:
+        self.alpha *= scale

@@ -1,0 +1,10 @@
+"""The Parallelize pipeline: small passes that turn a one-device training graph into a
+data-parallel one.  The Caffe2-named entry points live in :mod:`dpgraph.data_parallel_model`.
+"""
+
+from dpgraph.collectives.rendezvous import Rendezvous
+from dpgraph.parallel.config import ParallelConfig, make_config
+from dpgraph.parallel.pipeline import parallelize
+from dpgraph.parallel.state import ParallelState
+
+__all__ = ["ParallelConfig", "ParallelState", "Rendezvous", "make_config", "parallelize"]

@@ -1,0 +1,169 @@
+"""Running a parallelized model: init nets, nets, checkpoints, blob syncs."""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from dpgraph.collectives.rendezvous import as_rendezvous
+from dpgraph.errors import ParallelizeError
+from dpgraph.ir.blob import BlobReference
+from dpgraph.ir.device import IsGPUDeviceType
+from dpgraph.ir.net import Net
+from dpgraph.parallel.config import ParallelConfig
+from dpgraph.parallel.distributed import get_distributed_hooks, is_distributed
+from dpgraph.parallel.grouping import compute_blobs_to_sync, stripBlobName
+from dpgraph.parallel.state import ParallelState
+from dpgraph.parallel.sync import sync_params
+
+log = logging.getLogger("dpgraph.parallel")
+
+
+def _workspace() -> Any:
+    from dpgraph import workspace
+
+    return workspace
+
+
+def _require_parallelized(model: Any, what: str) -> None:
+    if not hasattr(model, "_device_grouped_blobs") or not getattr(model, "_devices", None):
+        raise ParallelizeError(
+            f"{what} needs a model built with data_parallel_model.Parallelize; call "
+            "Parallelize(model, ...) first."
+        )
+
+
+def state_of(model: Any) -> ParallelState:
+    """A ParallelState view of an already parallelized model (for the helpers below)."""
+    _require_parallelized(model, "This helper")
+    rendezvous = getattr(model, "_rendezvous", None)
+    config = ParallelConfig(
+        devices=tuple(model._devices), device_type=model._device_type,
+        device_prefix=model._device_prefix, input_builder_fun=None,
+        forward_pass_builder_fun=None, rendezvous=as_rendezvous(rendezvous),
+        rendezvous_legacy=rendezvous, shared_model=getattr(model, "_shared_model", False),
+        cpu_device=not IsGPUDeviceType(model._device_type),
+    )
+    state = ParallelState(model=model, config=config, grouped=model._device_grouped_blobs)
+    state.param_names = list(getattr(model, "_param_names", []))
+    state.blob_to_device = getattr(model, "_blob_to_device", {})
+    return state
+
+
+def RunInitNet(model: Any) -> None:
+    """Run every init net once, then create the nets."""
+    workspace = _workspace()
+    for init_net in model._data_parallel_model_init_nets:
+        workspace.RunNetOnce(init_net)
+    CreateNet(model)
+
+
+def RunWarmup(model: Any) -> None:
+    """Run the main net ``_warmup_iterations`` times, then the warmup broadcast net."""
+    workspace = _workspace()
+    workspace.RunNet(model.net, model._warmup_iterations)
+    workspace.RunNetOnce(model._warmup_broadcast)
+
+
+def RunNet(model: Any, num_iterations: int) -> None:
+    """Run each net: a plain net ``num_iterations`` times, a ``(net, k)`` pair k times."""
+    workspace = _workspace()
+    for entry in model._data_parallel_model_nets:
+        if isinstance(entry, tuple):
+            workspace.RunNet(entry[0].Proto().name, entry[1])
+        else:
+            workspace.RunNet(entry, num_iterations)
+
+
+def CreateNet(model: Any, overwrite: bool = False) -> None:
+    """Create every net of the model in the current workspace."""
+    workspace = _workspace()
+    for entry in model._data_parallel_model_nets:
+        net = entry[0] if isinstance(entry, tuple) else entry
+        workspace.CreateNet(net, overwrite=overwrite)
+
+
+def GetCheckpointParams(model: Any) -> set[Any]:
+    """The first device's synced blobs plus every unprefixed Iter/AtomicIter output."""
+    state = state_of(model)
+    blobs, _ = compute_blobs_to_sync(state)
+    first = f"{state.namescope(state.master)}/"
+    result: set[Any] = {b for b in blobs if str(b).startswith(first)}
+    prefix = f"{model._device_prefix}_"
+    for op in model.net.Proto().op:
+        if op.type in ("Iter", "AtomicIter") and not op.output[0].startswith(prefix):
+            result.add(op.output[0])
+    return result
+
+
+def _ensure_grouped(model: Any, names: Iterable[str]) -> None:
+    for name in names:
+        if name not in model._device_grouped_blobs:
+            model._device_grouped_blobs[name] = {
+                d: BlobReference(f"{model._device_prefix}_{d}/{name}") for d in model._devices
+            }
+
+
+def FinalizeAfterCheckpoint(model: Any, blobs: Sequence[Any] | None = None,
+                            cpu_mode: bool = False) -> None:
+    """Broadcast the master device's (checkpoint-loaded) blobs to every device."""
+    workspace = _workspace()
+    if not hasattr(model, "_checkpoint_net"):
+        state = state_of(model)
+        if blobs is None:
+            _, names = compute_blobs_to_sync(state)
+        else:
+            names = [stripBlobName(b) for b in blobs]
+        _ensure_grouped(model, names)
+        model._checkpoint_net = Net("checkpoint_sync_net")
+        if not cpu_mode and IsGPUDeviceType(model._device_type):
+            model._checkpoint_net.RunAllOnGPU()
+        init_net = None
+        if is_distributed(model._rendezvous):
+            init_net = Net("checkpoint_init_net")
+        sync_params(state, init_net, model._checkpoint_net, names,
+                    max_concurrent_distributed_ops=1)
+        if init_net is not None:
+            workspace.RunNetOnce(init_net)
+        workspace.CreateNet(model._checkpoint_net)
+    log.info("Run checkpoint net")
+    workspace.RunNet(model._checkpoint_net.Proto().name)
+
+
+def AddBlobSync(model: Any, blobs: Sequence[Any], net: Any = None) -> None:
+    """Copy each (unprefixed) blob from the master device to the others, on ``net``."""
+    if len(blobs) == 0:
+        return
+    _require_parallelized(model, "AddBlobSync")
+    net = model.net if net is None else net
+    for b in blobs:
+        if str(b).startswith(model._device_prefix):
+            raise ParallelizeError(f"Provide unprefixed blob name: {b}")
+    model._device_grouped_blobs.update({
+        str(b): {d: BlobReference(f"{model._device_prefix}_{d}/{b}") for d in model._devices}
+        for b in blobs
+    })
+    sync_params(state_of(model), model.param_init_net, net, {str(b) for b in blobs})
+
+
+def AddDistributedBlobSync(model: Any, blobs: Sequence[Any]) -> None:
+    """All-reduce blobs across hosts (not devices); nothing to do on one host."""
+    if not is_distributed(getattr(model, "_rendezvous", None)):
+        return
+    get_distributed_hooks().add_blob_sync(model, blobs)
+
+
+def Synchronize(model: Any, timeout_sec: float | None = None) -> None:
+    """Deprecated explicit barrier across hosts; a no-op on one host."""
+    warnings.warn("The Synchronize API has been deprecated. We now have a barrier net "
+                  "which runs before training to ensure all hosts wait before training.",
+                  category=DeprecationWarning, stacklevel=2)
+    if not is_distributed(getattr(model, "_rendezvous", None)):
+        return
+    if timeout_sec is None:
+        from dpgraph import data_parallel_model
+
+        timeout_sec = data_parallel_model._DEFAULT_BARRIER_NET_TIMEOUT_SEC
+    get_distributed_hooks().synchronize(model, timeout_sec)
