@@ -9,3 +9,8 @@ from dpgraph.modeling.optimizer import (  # noqa: F401
     _get_param_to_device,
     _optimizer_instance_count,
 )
+from dpgraph.modeling.optimizer_context import (  # noqa: F401
+    DEFAULT_OPTIM,
+    OptimizerContext,
+    UseOptimizer,
+)

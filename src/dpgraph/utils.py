@@ -13,4 +13,13 @@ def ArgsToDict(args: Any) -> dict[str, Any]:
     return {a.name: argument_value(a) for a in args}
 
 
-__all__ = ["ArgsToDict", "ITERATION_MUTEX_NAME", "MakeArgument", "OPTIMIZER_ITERATION_NAME"]
+def BuildUniqueMutexIter(init_net: Any, net: Any, iter: Any = None, iter_mutex: Any = None,
+                         iter_val: int = 0) -> Any:
+    """The shared int64 iteration counter and its AtomicIter (see dpgraph.optimizer)."""
+    from dpgraph.modeling.optimizer.base import BuildUniqueMutexIter as build
+
+    return build(init_net, net, iter, iter_mutex, iter_val)
+
+
+__all__ = ["ArgsToDict", "BuildUniqueMutexIter", "ITERATION_MUTEX_NAME", "MakeArgument",
+           "OPTIMIZER_ITERATION_NAME"]

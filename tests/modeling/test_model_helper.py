@@ -264,3 +264,43 @@ def test_cnn_model_helper() -> None:
     assert iter_init.output[0] == "ITER"
     assert iter_init.device_option.device_type == caffe2_pb2.PROTO_CPU
     assert any(a.name == "dtype" and a.i == caffe2_pb2.TensorProto.INT64 for a in iter_init.arg)
+
+
+def test_parameter_sharing_reuses_params() -> None:
+    from dpgraph.modeling import ParameterSharing
+
+    model = ModelHelper(name="sharing")
+    with core.NameScope("tower_a"):
+        brew.fc(model, "x", "fc", 4, 2)
+    with ParameterSharing({"tower_b": "tower_a"}), core.NameScope("tower_b"):
+        out = brew.fc(model, "x", "fc", 4, 2)
+        with core.NameScope("inner"):
+            brew.fc(model, "x", "fc2", 4, 2)
+    assert str(out) == "tower_b/fc"
+    assert list(model.net.Proto().op[1].input) == ["tower_b/x", "tower_a/fc_w", "tower_a/fc_b"]
+    assert [str(p) for p in model.params] == ["tower_a/fc_w", "tower_a/fc_b",
+                                              "tower_a/inner/fc2_w", "tower_a/inner/fc2_b"]
+    with core.NameScope("tower_b"):
+        brew.fc(model, "x", "fc", 4, 2)
+    assert "tower_b/fc_w" in [str(p) for p in model.params]
+    with pytest.raises(ModelConfigError), ParameterSharing({"a": "a/b"}):
+        pass
+
+
+def test_use_optimizer_attaches_per_tag_optimizers() -> None:
+    from dpgraph import optimizer
+    from dpgraph.modeling import UseOptimizer
+
+    model = ModelHelper(name="use_optim")
+    adam, sgd = optimizer.AdamOptimizer(alpha=0.01), optimizer.SgdOptimizer(0.1)
+    with UseOptimizer({"WEIGHT": adam}), UseOptimizer(sgd):
+        brew.fc(model, "x", "fc", 4, 2)
+    brew.fc(model, "fc", "fc2", 2, 1)
+    infos = {name: model.get_param_info(core.BlobReference(name))
+             for name in ("fc_w", "fc_b", "fc2_w")}
+    assert infos["fc_w"].optimizer is adam and infos["fc_b"].optimizer is sgd
+    assert infos["fc2_w"].optimizer is None
+    model.AddGradientOperators([model.net.AveragedLoss("fc2", "loss")])
+    optimizer.build_sgd(model, 0.5)
+    types = [op.type for op in model.net.Proto().op]
+    assert types.count("Adam") == 1 and types.count("WeightedSum") == 3

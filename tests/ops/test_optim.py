@@ -51,8 +51,8 @@ def test_atomic_iter_is_atomic_under_threads() -> None:
     for t in threads:
         t.join()
     assert counter.tolist() == [800]
-    (copy,) = run_op(make_op("AtomicIter", ["m", "it"], ["other"]), [mutex, counter])
-    assert copy.tolist() == [801] and counter.tolist() == [800]
+    (bumped,) = run_op(make_op("AtomicIter", ["m", "it"], ["other"]), [mutex, counter])
+    assert bumped.tolist() == [801] and counter.tolist() == [800]
     with pytest.raises(ShapeError, match="mutex"):
         run_op(op, [counter, counter])
     clone = pickle.loads(pickle.dumps(mutex))

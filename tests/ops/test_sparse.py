@@ -280,3 +280,14 @@ def test_shape_functions() -> None:
     sls = OPERATORS.lookup("SparseLengthsWeightedSum").shape_fn
     op = make_op("SparseLengthsWeightedSum", ["D", "W", "I", "L"], ["Y"])
     assert sls(op, [(10, 4), (7,), (7,), (3,)], [12, 1, 10, 2]) == [((3, 4), 1)]
+
+
+def test_sparse_lengths_weighted_sum_gradient_on_weights() -> None:
+    data, w = RNG.standard_normal((4, 3)), RNG.standard_normal(5)
+    idx, lengths = np.array([3, 3, 0, 1, 2]), np.array([1, 4], np.int32)
+    op = make_op("SparseLengthsWeightedSum", ["D", "W", "I", "L"], ["Y"], grad_on_weights=1)
+    ops, g_in = build_gradient(op, ["Y_grad"])
+    assert summary(ops) == [("SparseLengthsWeightedSumWithMainInputGradient",
+                             ["W", "Y_grad", "L", "D", "I"], ["D_grad_values", "W_grad"])]
+    assert g_in[:2] == [GradientSlice("I", "D_grad_values"), "W_grad"]
+    check_gradient(op, [data, w, idx, lengths], inputs_to_check=[0, 1])

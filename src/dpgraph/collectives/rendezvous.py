@@ -21,7 +21,6 @@ import logging
 import os
 import socket
 import time
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -224,7 +223,6 @@ class Member:
     transport: str
     host: str
     pid: int
-    nonce: str
 
     def is_alive(self) -> bool | None:
         """Whether its process still runs: known only on this host."""
@@ -258,7 +256,8 @@ def join_world(store: Any, name: str, rank: int, size: int, engine: str, transpo
 
     Raises:
         RendezvousError: a peer disagrees on the size, engine or transport, or two processes
-            claim the same rank.
+            claim the same rank at once (a later duplicate waits for its own generation and
+            times out).
         CollectiveTimeoutError: some ranks did not join within ``timeout`` (named).
     """
     if not 0 <= rank < size:
@@ -267,16 +266,13 @@ def join_world(store: Any, name: str, rank: int, size: int, engine: str, transpo
     base = f"dpgraph/cw/{name}/"
     generation = store.add(f"{base}generation/{rank}", 1)
     prefix = f"{base}{generation}/"
-    me = Member(rank, size, engine.upper(), transport, socket.gethostname(), os.getpid(),
-                uuid.uuid4().hex)
-    _publish(store, f"{prefix}member/{rank}", me.__dict__)
-    members = _wait_members(store, name, prefix, me, timeout)
-    mine = members[rank]
-    if mine.nonce != me.nonce:
+    me = Member(rank, size, engine.upper(), transport, socket.gethostname(), os.getpid())
+    if store.add(f"{prefix}claims/{rank}", 1) > 1:
         raise RendezvousError(
-            f"Common world {name!r}: two processes claim rank {rank} ({mine.host} pid "
-            f"{mine.pid} and {me.host} pid {me.pid}); give every process its own shard_id.")
-    return prefix, members
+            f"Common world {name!r}: another process already claimed rank {rank} "
+            f"(this is {me.host} pid {me.pid}); give every process its own shard_id.")
+    _publish(store, f"{prefix}member/{rank}", me.__dict__)
+    return prefix, _wait_members(store, name, prefix, me, timeout)
 
 
 def _wait_members(store: Any, name: str, prefix: str, me: Member,

@@ -7,9 +7,12 @@ from dpgraph.modeling.initializers import (
     ReversePseudoFP16Initializer,
     update_initializer,
 )
+from dpgraph.modeling.optimizer_context import DEFAULT_OPTIM, OptimizerContext, UseOptimizer
 from dpgraph.modeling.parameter_info import ParameterInfo, ParameterTags
+from dpgraph.modeling.parameter_sharing import ParameterSharing, parameter_sharing_context
 
 __all__ = [
-    "ExternalInitializer", "Initializer", "ParameterInfo", "ParameterTags",
-    "PseudoFP16Initializer", "ReversePseudoFP16Initializer", "update_initializer",
+    "DEFAULT_OPTIM", "ExternalInitializer", "Initializer", "OptimizerContext", "ParameterInfo",
+    "ParameterSharing", "ParameterTags", "PseudoFP16Initializer", "ReversePseudoFP16Initializer",
+    "UseOptimizer", "parameter_sharing_context", "update_initializer",
 ]

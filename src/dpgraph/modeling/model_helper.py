@@ -19,7 +19,9 @@ from dpgraph.ir import scope
 from dpgraph.ir.blob import BlobReference, GradientSlice
 from dpgraph.ir.net import Net
 from dpgraph.ir.registry import OPERATORS
+from dpgraph.modeling.optimizer_context import attach_optimizer
 from dpgraph.modeling.parameter_info import ParameterInfo, ParameterTags
+from dpgraph.modeling.parameter_sharing import parameter_sharing_context
 from dpgraph.proto import caffe2_pb2
 
 logger = logging.getLogger("dpgraph.modeling.model_helper")
@@ -112,13 +114,14 @@ class ModelHelper:
                      tags: Any = None) -> BlobReference:
         """Create (or return the existing) parameter ``param_name`` with ``initializer``.
 
-        A str name gets the current name scope; a BlobReference is used verbatim.
+        A str name gets the current name scope (after ParameterSharing overrides); a
+        BlobReference is used verbatim.  Tags pick an optimizer from UseOptimizer blocks.
         Re-creating an existing parameter with another shape raises ModelConfigError.
         """
         if isinstance(param_name, BlobReference):
             name = str(param_name)
         elif isinstance(param_name, str):
-            name = scope.CurrentNameScope() + param_name
+            name = parameter_sharing_context.get_parameter_name(param_name)
         else:
             raise ModelError(
                 f"Unsupported type for param_name: {type(param_name).__name__}; "
@@ -132,6 +135,7 @@ class ModelHelper:
             return existing.blob
         param_info = initializer.create_param(
             param_name=BlobReference(name), init_net=self.param_init_net, shape=shape)
+        attach_optimizer(param_info, self._normalize_tags(tags))
         self._parameters_info[name] = param_info
         self.AddParameter(param_info.blob, tags)
         return param_info.blob

@@ -1,4 +1,4 @@
-"""Activations: Relu family, Sigmoid/Tanh, Softmax, Softplus, Swish, Glu, PRelu, Dropout.
+"""Activations: Relu family, Sigmoid/Tanh, Softmax, Softplus, Swish, Glu, PRelu, Clip, Dropout.
 
 Gradient ops follow Caffe2: most take ``[Y, dY]`` (``ReluGradient``, ``SigmoidGradient``,
 ``SoftmaxGradient``...); ``SwishGradient`` takes ``[X, Y, dY]``; ``PReluGradient`` takes
@@ -92,6 +92,36 @@ def _register_activation(op_type: str) -> None:
 
 for _type in _FORWARD:
     _register_activation(_type)
+
+
+# --- Clip -------------------------------------------------------------------------------
+@register_op("Clip", inputs=1, outputs=1, inplace=[(0, 0)], shape=same_as_input())
+def clip(ctx: OpContext) -> Outputs:
+    """Y = min(max(X, min), max); unset bounds are open."""
+    x = ctx.xp.asarray(ctx.inputs[0])
+    low = ctx.float_arg("min") if ctx.has_arg("min") else None
+    high = ctx.float_arg("max") if ctx.has_arg("max") else None
+    if low is None and high is None:
+        return (x.copy(),)
+    return (as_dtype(ctx.xp, ctx.xp.clip(x, low, high), x.dtype),)
+
+
+@register_op("ClipGradient", inputs=2, outputs=1, inplace=[(1, 0)], shape=same_as_input(1))
+def clip_gradient(ctx: OpContext) -> Outputs:
+    """[Y, dY] -> dX = dY where min < Y < max, else 0."""
+    y, dy = ctx.inputs
+    mask = ctx.xp.ones(y.shape, dtype=bool)
+    if ctx.has_arg("min"):
+        mask &= y > ctx.float_arg("min")
+    if ctx.has_arg("max"):
+        mask &= y < ctx.float_arg("max")
+    return (as_dtype(ctx.xp, dy * mask, dy.dtype),)
+
+
+@register_gradient("Clip")
+def _clip_gradient(g: GradientBuilder) -> None:
+    g.add("ClipGradient", [g.O(0), g.GO(0)], [g.GI(0)])
+
 
 
 # --- Swish, Glu, PRelu -------------------------------------------------------------------

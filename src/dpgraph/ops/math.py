@@ -1,5 +1,5 @@
 """Elementwise math: binary arithmetic with Caffe2 broadcasting, unary functions, N-ary
-Sum/Max/Min/Mean, comparisons and logic, Clip, and a few small utilities.
+Sum/Max/Min/Mean, comparisons and logic, scaling helpers and reductions.
 
 Binary ops follow Caffe2: with ``broadcast=1`` the legacy form applies (B's shape is matched
 against A's dims starting at ``axis``; ``axis=-1`` aligns B to the end; the output has A's
@@ -564,35 +564,7 @@ def _mean_gradient(g: GradientBuilder) -> None:
     g.add("MeanGradient", [g.GO(0)], [g.GI(i) for i in range(len(g.op.input))])
 
 
-# --- Clip and friends --------------------------------------------------------------------
-@register_op("Clip", inputs=1, outputs=1, inplace=[(0, 0)], shape=same_as_input())
-def clip(ctx: OpContext) -> Outputs:
-    """Y = min(max(X, min), max); unset bounds are open."""
-    x = ctx.xp.asarray(ctx.inputs[0])
-    low = ctx.float_arg("min") if ctx.has_arg("min") else None
-    high = ctx.float_arg("max") if ctx.has_arg("max") else None
-    if low is None and high is None:
-        return (x.copy(),)
-    return (as_dtype(ctx.xp, ctx.xp.clip(x, low, high), x.dtype),)
-
-
-@register_op("ClipGradient", inputs=2, outputs=1, inplace=[(1, 0)], shape=same_as_input(1))
-def clip_gradient(ctx: OpContext) -> Outputs:
-    """[Y, dY] -> dX = dY where min < Y < max, else 0."""
-    y, dy = ctx.inputs
-    mask = ctx.xp.ones(y.shape, dtype=bool)
-    if ctx.has_arg("min"):
-        mask &= y > ctx.float_arg("min")
-    if ctx.has_arg("max"):
-        mask &= y < ctx.float_arg("max")
-    return (as_dtype(ctx.xp, dy * mask, dy.dtype),)
-
-
-@register_gradient("Clip")
-def _clip_gradient(g: GradientBuilder) -> None:
-    g.add("ClipGradient", [g.O(0), g.GO(0)], [g.GI(0)])
-
-
+# --- scaling helpers ---------------------------------------------------------------------
 @register_op("SquareRootDivide", inputs=2, outputs=1, shape=same_as_input())
 def square_root_divide(ctx: OpContext) -> Outputs:
     """Y[i] = X[i] / sqrt(scale[i]) (scale 0 counts as 1), rows along the first dim."""

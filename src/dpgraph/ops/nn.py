@@ -232,11 +232,16 @@ def _filter_cf(w: Any, order: str) -> Any:
     return cu.channel_first(w, order)
 
 
+def _dense_channel_first(ctx: OpContext, x: Any, order: str) -> Any:
+    return x if order == "NCHW" else ctx.xp.ascontiguousarray(cu.channel_first(x, order))
+
+
 def _conv_setup(ctx: OpContext, x: Any, w: Any) -> tuple[str, Any, Any, cu.Geometry]:
     order = cu.check_order(ctx)
     if x.ndim < 3 or w.ndim != x.ndim:
         raise ctx.fail(f"X {x.shape} and filter {w.shape} must have the same rank >= 3")
-    xc, wc = cu.channel_first(x, order), _filter_cf(w, order)
+    # NHWC data is made channel-first contiguous once: im2col from a strided view is slow
+    xc, wc = _dense_channel_first(ctx, x, order), _filter_cf(w, order)
     geom = cu.parse_geometry(ctx, xc.shape[2:], kernel_shape=wc.shape[2:])
     if wc.shape[2:] != geom.kernel:
         raise ctx.fail(f"filter {w.shape} does not match kernel {geom.kernel}")
@@ -303,7 +308,7 @@ def conv_gradient(ctx: OpContext) -> Outputs:
     order, xc, wc, geom = _conv_setup(ctx, x, w)
     no_bias = bool(ctx.int_arg("no_bias", 0))
     need_dx = ctx.num_outputs == (2 if no_bias else 3)
-    dyc = cu.channel_first(dy, order)
+    dyc = _dense_channel_first(ctx, dy, order)
     dw, dx = cu.conv_backward(ctx.xp, xc, wc, dyc, geom, need_dx)
     outs: list[Any] = [cu.channel_last(dw, order, ctx.xp).astype(w.dtype, copy=False)]
     if not no_bias:
@@ -351,7 +356,7 @@ def conv_transpose_gradient(ctx: OpContext) -> Outputs:
     order, xc, wc, geom = _conv_transpose_setup(ctx, x, w)
     no_bias = bool(ctx.int_arg("no_bias", 0))
     need_dx = ctx.num_outputs == (2 if no_bias else 3)
-    dyc = cu.channel_first(dy, order)
+    dyc = _dense_channel_first(ctx, dy, order)
     dw, dx = cu.conv_transpose_backward(ctx.xp, xc, wc, dyc, geom, need_dx)
     outs: list[Any] = [cu.channel_last(dw, order, ctx.xp).astype(w.dtype, copy=False)]
     if not no_bias:

@@ -219,7 +219,13 @@ def _sparse_lengths_mean_grad(g: GradientBuilder) -> None:
 
 @register_gradient("SparseLengthsWeightedSum")
 def _sparse_lengths_weighted_sum_grad(g: GradientBuilder) -> None:
-    _sparse_values_grad(g, "SparseLengthsWeightedSumGradient", [g.I(1), g.GO(0), g.I(3)], 2)
+    if not g.arg("grad_on_weights", 0):
+        _sparse_values_grad(g, "SparseLengthsWeightedSumGradient", [g.I(1), g.GO(0), g.I(3)], 2)
+        return
+    values = g.GI_V(0)
+    g.add("SparseLengthsWeightedSumWithMainInputGradient",
+          [g.I(1), g.GO(0), g.I(3), g.I(0), g.I(2)], [values, g.GI(1)])
+    g.set_input_grad(0, GradientSlice(g.I(2), values))
 
 
 @register_op("LengthsSum", inputs=2, outputs=1, shape=_lengths_shape)
@@ -272,7 +278,7 @@ for _type, _mean in (("SparseLengthsSumGradient", False), ("SparseLengthsMeanGra
 
 
 def _weighted_expand(ctx: OpContext) -> Outputs:
-    weights, dout, lengths = ctx.inputs
+    weights, dout, lengths = ctx.inputs[:3]
     values = _expand_lengths(ctx, dout, lengths, mean=False)
     w = np.asarray(weights).reshape(-1).astype(values.dtype)
     if w.size != values.shape[0]:
@@ -281,6 +287,17 @@ def _weighted_expand(ctx: OpContext) -> Outputs:
 
 
 register_op("SparseLengthsWeightedSumGradient", inputs=3, outputs=1)(_weighted_expand)
+
+
+@register_op("SparseLengthsWeightedSumWithMainInputGradient", inputs=5, outputs=2)
+def sparse_lengths_weighted_sum_with_main_input_gradient(ctx: OpContext) -> Outputs:
+    """[WEIGHTS, dOut, LENGTHS, DATA, INDICES] -> [DATA values gradient, dWEIGHTS]."""
+    weights, dout, lengths, data, indices = ctx.inputs
+    (values,) = _weighted_expand(ctx)
+    rows = _gathered(ctx, data, indices).reshape(values.shape[0], -1)
+    plain = _expand_lengths(ctx, dout, lengths, mean=False).reshape(rows.shape)
+    dw = (rows * plain).sum(axis=1).astype(np.asarray(weights).dtype)
+    return values, dw.reshape(np.shape(weights))
 register_op("LengthsWeightedSumGradient", inputs=3, outputs=1)(_weighted_expand)
 
 

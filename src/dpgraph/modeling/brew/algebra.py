@@ -19,23 +19,28 @@ def sum(model: Any, blob_in: Any, blob_out: Any, **kwargs: Any) -> Any:  # noqa:
 
 
 def reduce_sum(model: Any, blob_in: Any, blob_out: Any, **kwargs: Any) -> Any:
+    """ReduceSum."""
     return model.net.ReduceSum(blob_in, blob_out, **kwargs)
 
 
 def sub(model: Any, blob_in: Any, blob_out: Any, **kwargs: Any) -> Any:
+    """Sub."""
     return model.net.Sub(blob_in, blob_out, **kwargs)
 
 
 def mat_mul(model: Any, blob_in: Any, blob_out: Any, **kwargs: Any) -> Any:
+    """MatMul."""
     return model.net.MatMul(blob_in, blob_out, **kwargs)
 
 
 def arg_min(model: Any, blob_in: Any, blob_out: Any, **kwargs: Any) -> Any:
+    """ArgMin."""
     return model.net.ArgMin(blob_in, blob_out, **kwargs)
 
 
 def batch_mat_mul(model: Any, blob_in: Any, blob_out: Any, enable_tensor_core: bool = False,
                   **kwargs: Any) -> Any:
+    """BatchMatMul (engine TENSORCORE when enable_tensor_core)."""
     if enable_tensor_core:
         kwargs["engine"] = "TENSORCORE"
     return model.net.BatchMatMul(blob_in, blob_out, **kwargs)

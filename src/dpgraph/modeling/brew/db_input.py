@@ -15,13 +15,16 @@ def _unsupported(what: str) -> NotSupportedError:
 
 def db_input(model: Any, blobs_out: Any, batch_size: int, db: str, db_type: str,
              **kwargs: Any) -> Any:
+    """Not supported: raises NotSupportedError."""
     raise _unsupported("db_input")
 
 
 def image_input(model: Any, blob_in: Any, blob_out: Any, order: str = "NCHW",
                 use_gpu_transform: bool = False, **kwargs: Any) -> Any:
+    """Not supported: raises NotSupportedError."""
     raise _unsupported("image_input")
 
 
 def video_input(model: Any, blob_in: Any, blob_out: Any, **kwargs: Any) -> Any:
+    """Not supported: raises NotSupportedError."""
     raise _unsupported("video_input")

@@ -1,0 +1,140 @@
+"""The Caffe2 import alias and dyndep."""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from dpgraph import dyndep
+from dpgraph.compat import caffe2 as alias
+from dpgraph.errors import NotSupportedError, OpsLibraryError
+
+MODULES = ["core", "workspace", "scope", "utils", "model_helper", "brew", "cnn", "optimizer",
+           "data_parallel_model", "muji", "dyndep"]
+
+
+@pytest.fixture
+def installed():
+    alias.install()
+    yield
+    alias.uninstall()
+
+
+def test_caffe2_python_modules_are_dpgraph_modules(installed) -> None:
+    for name in MODULES:
+        aliased = importlib.import_module(f"caffe2.python.{name}")
+        assert aliased is importlib.import_module(f"dpgraph.{name}"), name
+        assert aliased.__spec__.name == f"dpgraph.{name}"
+    from caffe2.proto import caffe2_pb2
+    from caffe2.python import core, data_parallel_model
+
+    from dpgraph.proto import caffe2_pb2 as dp_pb2
+
+    assert caffe2_pb2 is dp_pb2
+    assert core.DeviceOption(caffe2_pb2.CPU, 0).device_type == 0
+    assert data_parallel_model._DEFAULT_TIMEOUT_SEC == 30
+
+
+def test_memonger_alias_is_lazy(installed) -> None:
+    try:
+        importlib.import_module("dpgraph.memonger")
+    except ImportError:
+        with pytest.raises(ImportError):
+            importlib.import_module("caffe2.python.memonger")
+    else:
+        assert importlib.import_module("caffe2.python.memonger") is importlib.import_module(
+            "dpgraph.memonger")
+
+
+def test_unknown_modules_and_uninstall(installed) -> None:
+    with pytest.raises(ImportError):
+        importlib.import_module("caffe2.python.no_such_module_here")
+    alias.uninstall()
+    assert not alias.is_installed()
+    assert "caffe2.python.core" not in sys.modules
+    alias.install()
+    alias.install()
+    assert sys.meta_path.count(alias._FINDER) == 1
+
+
+def test_target_mapping() -> None:
+    assert alias.target_of("caffe2.python.core") == "dpgraph.core"
+    assert alias.target_of("caffe2.proto.caffe2_pb2") == "dpgraph.proto.caffe2_pb2"
+    assert alias.target_of("caffe2.python.helpers.fc") == "dpgraph.modeling.brew.fc"
+    assert alias.target_of("numpy") is None
+
+
+SCRIPT = textwrap.dedent("""
+    import sys
+    import numpy as np
+    from caffe2.python import brew, core, data_parallel_model, dyndep, model_helper, workspace
+    from caffe2.proto import caffe2_pb2
+
+    dyndep.InitOpsLibrary("@/caffe2/caffe2/contrib/gloo:gloo_ops")
+
+    def fwd(model, loss_scale):
+        fc = brew.fc(model, "data", "fc", 3, 1)
+        dist = model.net.SquaredL2Distance([fc, "label"], "dist")
+        loss = model.net.AveragedLoss(dist, "loss")
+        return [model.net.Scale(loss, "sloss", scale=loss_scale)]
+
+    def update(model):
+        it = brew.iter(model, "ITER")
+        lr = model.net.LearningRate([it], "LR", base_lr=-0.1, policy="fixed")
+        one = model.param_init_net.ConstantFill([], "ONE", shape=[1], value=1.0)
+        for p in model.GetParams():
+            model.net.WeightedSum([p, one, model.param_to_grad[p], lr], p)
+
+    model = model_helper.ModelHelper(name="aliased")
+    data_parallel_model.Parallelize_CPU(model, lambda m: None, fwd, update, devices=[0, 1])
+    for d in (0, 1):
+        with core.DeviceScope(core.DeviceOption(caffe2_pb2.CPU, d)):
+            workspace.FeedBlob("cpu_%d/data" % d, np.ones((2, 3), np.float32))
+            workspace.FeedBlob("cpu_%d/label" % d, np.zeros((2, 1), np.float32))
+    data_parallel_model.RunInitNet(model)
+    data_parallel_model.RunNet(model, 2)
+    same = np.allclose(workspace.FetchBlob("cpu_0/fc_w"), workspace.FetchBlob("cpu_1/fc_w"))
+    print("RESULT", sys.argv[1:], same, type(core).__name__, core.__name__)
+""")
+
+
+def test_run_unmodified_script_with_module_runner(tmp_path: Path) -> None:
+    script = tmp_path / "train_caffe2.py"
+    script.write_text(SCRIPT)
+    out = subprocess.run([sys.executable, "-m", "dpgraph.compat.caffe2", str(script), "x", "y"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "RESULT ['x', 'y'] True module dpgraph.core" in out.stdout
+
+
+def test_module_runner_usage() -> None:
+    assert alias.main(["--help"]) == 0
+    assert alias.main([]) == 2
+
+
+@pytest.mark.parametrize("name", [
+    "@/caffe2/caffe2/contrib/gloo:gloo_ops", "@/caffe2/caffe2/contrib/gloo:gloo_ops_gpu",
+    "@/caffe2/caffe2/contrib/nccl:nccl_ops",
+    "@/caffe2/caffe2/distributed:file_store_handler_ops",
+    "@/caffe2/caffe2/distributed:redis_store_handler_ops",
+    "/opt/caffe2/lib/libcaffe2_gloo.so", "libcaffe2_nccl.so", "caffe2_gloo_gpu",
+])
+def test_init_ops_library_accepts_provided_libraries(name: str) -> None:
+    dyndep.InitOpsLibrary(name)
+    assert name in dyndep.GetLoadedLibraries()
+
+
+@pytest.mark.parametrize("name", [
+    "/detectron/lib/libcaffe2_detectron_ops_gpu.so", "libmy_custom_ops.so",
+    "@/caffe2/caffe2/contrib/prof:cuda_profile_ops",
+])
+def test_init_ops_library_refuses_unknown_libraries(name: str) -> None:
+    with pytest.raises(OpsLibraryError, match="Cannot load ops library") as info:
+        dyndep.InitOpsLibrary(name)
+    assert isinstance(info.value, OSError) and isinstance(info.value, NotSupportedError)
+    assert name not in dyndep.GetLoadedLibraries()
