@@ -156,3 +156,17 @@ def test_dropout_training_scales_and_masks() -> None:
 def test_dropout_training_gradient_needs_mask() -> None:
     with pytest.raises(GradientError, match="mask"):
         build_gradient(CreateOperator("Dropout", ["X"], ["Y"], ratio=0.5), ["Y_grad"])
+
+
+def test_log_softmax_matches_reference_and_gradient() -> None:
+    from dpgraph.ops.gradient_builder import make_op
+
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((3, 2, 4)).astype(np.float32)
+    op = make_op("LogSoftmax", ["x"], ["y"], axis=1)
+    (y,) = run_op(op, [x])
+    rows = x.reshape(3, 8).astype(np.float64)
+    expected = rows - np.log(np.exp(rows).sum(axis=1, keepdims=True))
+    np.testing.assert_allclose(y, expected.reshape(x.shape), rtol=1e-5, atol=1e-6)
+    assert y.dtype == np.float32
+    check_gradient(op, [x])

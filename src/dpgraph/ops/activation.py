@@ -245,6 +245,33 @@ def _softmax_gradient(g: GradientBuilder) -> None:
     g.add("SoftmaxGradient", [g.O(0), g.GO(0)], [g.GI(0)])
 
 
+@register_op("LogSoftmax", inputs=1, outputs=1, inplace=[(0, 0)], shape=same_as_input())
+def log_softmax(ctx: OpContext) -> Outputs:
+    """log(Softmax(X)) over the dims from ``axis`` (default 1) on, computed stably."""
+    x = ctx.xp.asarray(ctx.inputs[0])
+    rows = _as_rows(ctx, x)
+    if rows.size == 0:
+        return (x.copy(),)
+    shifted = rows - ctx.xp.max(rows, axis=1, keepdims=True)
+    out = shifted - ctx.xp.log(ctx.xp.sum(ctx.xp.exp(shifted), axis=1, keepdims=True))
+    return (as_dtype(ctx.xp, out.reshape(x.shape), x.dtype),)
+
+
+@register_op("LogSoftmaxGradient", inputs=2, outputs=1, inplace=[(1, 0)],
+             shape=same_as_input(1))
+def log_softmax_gradient(ctx: OpContext) -> Outputs:
+    """[Y, dY] -> dX = dY - exp(Y) * sum(dY) per row."""
+    y, dy = (ctx.xp.asarray(v) for v in ctx.inputs)
+    y2, dy2 = _as_rows(ctx, y), _as_rows(ctx, dy)
+    dx = dy2 - ctx.xp.exp(y2) * ctx.xp.sum(dy2, axis=1, keepdims=True)
+    return (as_dtype(ctx.xp, dx.reshape(dy.shape), dy.dtype),)
+
+
+@register_gradient("LogSoftmax")
+def _log_softmax_gradient(g: GradientBuilder) -> None:
+    g.add("LogSoftmaxGradient", [g.O(0), g.GO(0)], [g.GI(0)])
+
+
 # --- Dropout -----------------------------------------------------------------------------
 def _dropout_infer(op: Any, in_shapes: Any, in_types: Any) -> list[Any]:
     if in_shapes[0] is None:
