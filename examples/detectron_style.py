@@ -28,6 +28,7 @@ from caffe2.proto import caffe2_pb2  # noqa: E402
 from caffe2.python import cnn, core, muji, workspace  # noqa: E402
 
 BATCH, CLASSES, WEIGHT_DECAY, MOMENTUM, BASE_LR = 16, 4, 1e-4, 0.9, 0.05
+LAST_MODEL: list[Any] = []  # the most recently trained model (for tests)
 
 
 # --- detectron/utils/c2.py -----------------------------------------------------------------
@@ -156,6 +157,7 @@ def train(num_gpus: int, iters: int = 5, use_nccl: bool = False) -> dict[str, np
     workspace.SetVirtualGpus(max(num_gpus, workspace.NumGpuDevices()))
     model = DetectionModelHelper(num_gpus, name=f"detectron_{num_gpus}gpu", init_params=True)
     build_data_parallel_model(model, use_nccl)
+    LAST_MODEL[:] = [model]
     workspace.RunNetOnce(model.param_init_net)
     with CudaScope(0):
         for name, value in initial_params(model).items():

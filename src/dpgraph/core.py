@@ -11,6 +11,7 @@ from dpgraph.ir.blob import BlobReference, GradientSlice, ScopedBlobReference, S
 from dpgraph.ir.device import DeviceOption, IsGPUDeviceType, device_equal, device_option_equal
 from dpgraph.ir.net import Net
 from dpgraph.ir.operator import CreateOperator, _RectifyInputOutput
+from dpgraph.ir.plan import ExecutionStep, Plan, execution_step, scoped_execution_step
 from dpgraph.ir.registry import OPERATORS
 from dpgraph.ir.scope import DeviceScope, EmptyDeviceScope, EmptyNameScope, NameScope
 from dpgraph.ir.transforms import InjectCrossDeviceCopies
@@ -50,6 +51,7 @@ def GlobalInit(args: list[str]) -> bool:
 
 
 __all__ = [
+    "ExecutionStep", "Plan", "execution_step", "scoped_execution_step",
     "BlobReference", "CreateOperator", "DataType", "DeviceOption", "DeviceScope",
     "EmptyDeviceScope", "EmptyNameScope", "GlobalInit", "GradientSlice", "InferBlobDevices",
     "InjectCrossDeviceCopies", "IsGPUDeviceType", "IsOperator", "IsOperatorWithEngine",

@@ -293,6 +293,18 @@ def test_conv_gradient_ops_match_caffe2() -> None:
     np.testing.assert_allclose(dw, full[0])
 
 
+@pytest.mark.parametrize("op_type", ["Conv2D", "MaxPool2D", "AveragePool1D"])
+def test_fixed_rank_aliases(op_type: str) -> None:
+    x = distinct(1, 2, 5) if op_type.endswith("1D") else distinct(1, 2, 4, 4)
+    inputs = [x, randn(3, 2, 3, 3)] if op_type.startswith("Conv") else [x]
+    op = make_op(op_type, ["X", "W"][:len(inputs)], ["Y"], kernel=3 if len(inputs) == 2 else 2)
+    base = make_op(op_type[:-2], list(op.input), ["Y"], kernel=op.arg[0].i)
+    np.testing.assert_allclose(run_op(op, inputs)[0], run_op(base, inputs)[0])
+    ops, _ = build_gradient(op, ["Y_grad"])
+    assert ops[0].type == op_type + "Gradient"
+    check_gradient(op, inputs, atol=1e-5)
+
+
 def test_conv_shape_inference_and_errors() -> None:
     fn = OPERATORS.lookup("Conv").shape_fn
     op = make_op("Conv", ["X", "W"], ["Y"], kernel=3, stride=2, pad=1, order="NHWC")
@@ -321,6 +333,8 @@ def test_conv_transpose(order: str, stride, head, tail, adj, group) -> None:
     check_gradient(op, [x, w, b], atol=1e-4, rtol=1e-4)
     ops, _ = build_gradient(op, ["Y_grad"])
     assert ops[0].type == "ConvTransposeGradient"
+    shape_fn = OPERATORS.lookup("ConvTranspose").shape_fn
+    assert shape_fn(op, [x.shape, w.shape, b.shape], [1, 1, 1]) == [(y.shape, 1)]
 
 
 # --- Pooling ------------------------------------------------------------------------------

@@ -336,7 +336,24 @@ def _conv_transpose_setup(ctx: OpContext, x: Any, w: Any) -> tuple[str, Any, Any
     return order, xc, wc, geom
 
 
-@register_op("ConvTranspose", inputs=(2, 3), outputs=1)
+def _conv_transpose_shape(op: caffe2_pb2.OperatorDef, shapes: list[Shape | None],
+                          types: list[int | None]) -> ShapeResult:
+    x, w = shapes[0], shapes[1]
+    if x is None or w is None:
+        return [None]
+    ctx = _ctx_for(op)
+    order = cu.check_order(ctx)
+    spatial = tuple(x[2:] if order == "NCHW" else x[1:-1])
+    kernel = tuple(w[2:] if order == "NCHW" else w[1:-1])
+    geom = cu.parse_geometry(ctx, spatial, kernel_shape=kernel)
+    out = tuple((s - 1) * st + e + a - h - t for s, st, e, a, h, t in zip(
+        spatial, geom.stride, geom.extent, _adj(ctx, geom.nd), geom.pad_head, geom.pad_tail))
+    m = (w[1] if order == "NCHW" else w[-1]) * geom.group
+    shape = (x[0], m, *out) if order == "NCHW" else (x[0], *out, m)
+    return [(shape, _dtype(types))]
+
+
+@register_op("ConvTranspose", inputs=(2, 3), outputs=1, shape=_conv_transpose_shape)
 def conv_transpose(ctx: OpContext) -> Outputs:
     """Transposed convolution; filter [C, M/group, *k] (NCHW) or [C, *k, M/group] (NHWC)."""
     order, xc, wc, geom = _conv_transpose_setup(ctx, ctx.inputs[0], ctx.inputs[1])
