@@ -1,7 +1,8 @@
 """Benchmark: dpgraph Conv / ConvGradient kernels against torch.nn.functional.conv2d (CPU).
 
-Prints one JSON object: best-of-N milliseconds of forward and backward (dW, db, dX) for each,
-and the ratios dpgraph / torch.  Default problem: X 32x64x56x56, 64 filters 3x3, pad 1.
+Prints one JSON object: best-of-N milliseconds of forward and backward (dW, db, dX) for
+each library (run in alternating blocks) and the ratios dpgraph / torch.
+Default problem: X 32x64x56x56, 64 filters 3x3, pad 1.
 
     python bench/conv.py [--batch 32] [--repeats 5] [--order NCHW]
 """
@@ -20,30 +21,25 @@ from dpgraph.ops.gradient_builder import make_op
 from dpgraph.ops.testing import run_op
 
 
-def timed(fn: Callable[[], Any], repeats: int) -> float:
-    """Best wall time of ``fn`` in milliseconds (robust to other load), after a warm-up."""
+def once(fn: Callable[[], Any]) -> float:
+    """Wall time of one call of ``fn`` in milliseconds."""
+    start = time.perf_counter()
     fn()
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        samples.append((time.perf_counter() - start) * 1e3)
-    return min(samples)
+    return (time.perf_counter() - start) * 1e3
 
 
-def bench_dpgraph(x: np.ndarray, w: np.ndarray, b: np.ndarray, dy: np.ndarray, order: str,
-                  repeats: int) -> dict[str, float]:
+def dpgraph_steps(x: np.ndarray, w: np.ndarray, b: np.ndarray, dy: np.ndarray,
+                  order: str) -> dict[str, Callable[[], Any]]:
     args = dict(kernel=3, pad=1, stride=1, order=order)
     fwd = make_op("Conv", ["X", "W", "b"], ["Y"], **args)
     bwd = make_op("ConvGradient", ["X", "W", "dY"], ["dW", "db", "dX"], **args)
     if order == "NHWC":
         x, w, dy = (np.ascontiguousarray(np.moveaxis(a, 1, -1)) for a in (x, w, dy))
-    return {"fwd_ms": timed(lambda: run_op(fwd, [x, w, b]), repeats),
-            "bwd_ms": timed(lambda: run_op(bwd, [x, w, dy]), repeats)}
+    return {"fwd": lambda: run_op(fwd, [x, w, b]), "bwd": lambda: run_op(bwd, [x, w, dy])}
 
 
-def bench_torch(x: np.ndarray, w: np.ndarray, b: np.ndarray, dy: np.ndarray,
-                repeats: int) -> dict[str, Any]:
+def torch_steps(x: np.ndarray, w: np.ndarray, b: np.ndarray,
+                dy: np.ndarray) -> dict[str, Callable[[], Any]]:
     import torch
     import torch.nn.functional as F
 
@@ -51,20 +47,42 @@ def bench_torch(x: np.ndarray, w: np.ndarray, b: np.ndarray, dy: np.ndarray,
     wt = torch.from_numpy(w).requires_grad_()
     bt = torch.from_numpy(b).requires_grad_()
     dyt = torch.from_numpy(dy)
-    with torch.no_grad():
-        fwd = timed(lambda: F.conv2d(xt, wt, bt, padding=1), repeats)
+    graph: dict[str, Any] = {}
 
-    def backward() -> None:
-        y = F.conv2d(xt, wt, bt, padding=1)
-        start = time.perf_counter()
-        torch.autograd.grad(y, (xt, wt, bt), dyt)
-        times.append((time.perf_counter() - start) * 1e3)
+    def forward() -> None:
+        with torch.no_grad():
+            F.conv2d(xt, wt, bt, padding=1)
 
-    times: list[float] = []
-    for _ in range(repeats + 1):
-        backward()
-    return {"fwd_ms": fwd, "bwd_ms": min(times[1:]),
-            "threads": torch.get_num_threads(), "version": torch.__version__}
+    def backward() -> None:  # the forward graph is built outside the timed call
+        torch.autograd.grad(graph.pop("y"), (xt, wt, bt), dyt)
+
+    def prepare() -> None:
+        graph["y"] = F.conv2d(xt, wt, bt, padding=1)
+
+    return {"fwd": forward, "bwd": backward, "prepare": prepare}
+
+
+def measure(ours: dict[str, Callable[[], Any]], theirs: dict[str, Callable[[], Any]] | None,
+            repeats: int, rounds: int = 2) -> dict[str, dict[str, float]]:
+    """Best-of-N milliseconds per library and step.
+
+    Each library runs in blocks (warm-up, then ``repeats`` timed calls) and the blocks
+    alternate for ``rounds`` rounds, so both see similar machine load while neither runs
+    right after the other's thread pool (OpenMP threads spin for a while after a call).
+    """
+    libs = {"dpgraph": ours} | ({"torch": theirs} if theirs is not None else {})
+    best: dict[str, dict[str, float]] = {lib: {} for lib in libs}
+    for _ in range(rounds):
+        for lib, steps in libs.items():
+            for step in ("fwd", "bwd"):
+                key = f"{step}_ms"
+                for rep in range(repeats + 1):
+                    if step == "bwd" and "prepare" in steps:
+                        steps["prepare"]()
+                    ms = once(steps[step])
+                    if rep:
+                        best[lib][key] = min(best[lib].get(key, ms), ms)
+    return best
 
 
 def main() -> None:
@@ -82,19 +100,24 @@ def main() -> None:
     w = rng.standard_normal((m, c, 3, 3), dtype=np.float32) * 0.05
     b = rng.standard_normal(m, dtype=np.float32)
     dy = rng.standard_normal((n, m, s, s), dtype=np.float32)
-    ours = bench_dpgraph(x, w, b, dy, opts.order, opts.repeats)
+    try:
+        theirs = torch_steps(x, w, b, dy)
+    except ImportError:
+        theirs = None
+    best = measure(dpgraph_steps(x, w, b, dy, opts.order), theirs, opts.repeats)
     result: dict[str, Any] = {
         "problem": f"X {n}x{c}x{s}x{s}, W {m}x{c}x3x3, pad 1, stride 1, float32",
-        "order": opts.order, "dpgraph": ours,
+        "order": opts.order, "repeats": opts.repeats, "dpgraph": best["dpgraph"],
+        "torch": best["torch"] or None,
     }
-    try:
-        theirs = bench_torch(x, w, b, dy, opts.repeats)
-    except ImportError:
-        result["torch"] = None
-    else:
-        result["torch"] = theirs
-        result["ratio_fwd"] = round(ours["fwd_ms"] / theirs["fwd_ms"], 3)
-        result["ratio_bwd"] = round(ours["bwd_ms"] / theirs["bwd_ms"], 3)
+    if theirs is not None:
+        import torch
+
+        result["torch_version"] = torch.__version__
+        result["torch_threads"] = torch.get_num_threads()
+        for step in ("fwd", "bwd"):
+            ratio = best["dpgraph"][f"{step}_ms"] / best["torch"][f"{step}_ms"]
+            result[f"ratio_{step}"] = round(ratio, 3)
     print(json.dumps(result))
 
 

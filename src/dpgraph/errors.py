@@ -65,6 +65,15 @@ class TextFormatError(DpgraphError, ValueError):
     """The compact text format of a net could not be parsed."""
 
 
+class DeviceOptionError(ArgumentError, AssertionError):
+    """A DeviceOption was built with inconsistent fields (Caffe2 asserted here)."""
+
+
+class UnboundBlobError(DpgraphError, AttributeError, RuntimeError):
+    """An op was called on a BlobReference that is not bound to a net (Caffe2 raised
+    RuntimeError in 2018 and AttributeError later; this is both)."""
+
+
 # --- autodiff ------------------------------------------------------------------------------
 class GradientError(DpgraphError, RuntimeError):
     """Gradient generation failed (SSA version mismatch, mixed dense/sparse, devices)."""

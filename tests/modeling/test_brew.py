@@ -146,12 +146,8 @@ def test_fc_options_and_external_init() -> None:
     op = model.net.Proto().op[0]
     assert op.engine == "TENSORCORE" and _args(op)["float16_compute"] == 1
     packed = ModelHelper(name="packed")
-    if "PackedFC" in core.OPERATORS:
-        brew.packed_fc(packed, "x", "p", 2, 3)
-        assert packed.net.Proto().op[0].type == "PackedFC"
-    else:
-        with pytest.raises(AttributeError, match="PackedFC"):
-            brew.packed_fc(packed, "x", "p", 2, 3)
+    brew.packed_fc(packed, "x", "p", 2, 3)
+    assert packed.net.Proto().op[0].type == "PackedFC"
 
 
 def test_spatial_bn_params_and_outputs() -> None:

@@ -220,8 +220,4 @@ def load_predictor(path: str | os.PathLike[str]) -> Predictor:
                          f"a directory; it should hold {PREDICT_NET_FILE} and {INIT_NET_FILE}")
     predict = read_proto(caffe2_pb2.NetDef, folder / PREDICT_NET_FILE)
     init = read_proto(caffe2_pb2.NetDef, folder / INIT_NET_FILE)
-    unsupported = sorted({op.type for op in init.op} - FILL_OP_TYPES)
-    if unsupported:
-        raise ProtoError(f"{os.fspath(folder / INIT_NET_FILE)!r}: init net has op types "
-                         f"{unsupported}; expected only GivenTensor*Fill/ConstantFill ops")
     return Predictor(predict, init, name=f"predictor:{folder.name}")

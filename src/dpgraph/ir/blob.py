@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import namedtuple
 from typing import TYPE_CHECKING, Any
 
-from dpgraph.errors import BlobNameError, NetError, UnknownOperatorError, did_you_mean
+from dpgraph.errors import BlobNameError, UnboundBlobError, UnknownOperatorError, did_you_mean
 from dpgraph.ir import scope
 from dpgraph.ir.registry import OPERATORS
 
@@ -95,7 +95,7 @@ class BlobReference:
         if op_type.startswith("__"):
             raise AttributeError(op_type)
         if self._from_net is None:
-            raise NetError(
+            raise UnboundBlobError(
                 f"Cannot call {op_type} on blob {self._name!r}: it is not bound to a net. "
                 "Create the op with net.<OpType>(...) instead."
             )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from dpgraph.errors import ArgumentError
+from dpgraph.errors import DeviceOptionError
 from dpgraph.proto import caffe2_pb2
 
 CPU = caffe2_pb2.PROTO_CPU
@@ -32,7 +32,7 @@ def DeviceOption(
         option.random_seed = random_seed
     if numa_node_id is not None:
         if device_type != CPU:
-            raise ArgumentError(
+            raise DeviceOptionError(
                 f"numa_node_id is only valid for CPU device options, got device_type "
                 f"{device_type}; drop numa_node_id or use caffe2_pb2.CPU."
             )

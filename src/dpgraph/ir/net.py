@@ -155,9 +155,9 @@ class Net:
         """Declare external inputs; each must be new to the net."""
         if not inputs:
             raise NetError("AddExternalInput needs at least one input.")
-        refs = [i if isinstance(i, BlobReference) else BlobReference(blob_name(i))
-                for i in inputs]
-        names = [str(r) for r in refs]
+        # Caffe2 returns unbound references here (its _get_blob_ref never passes the net).
+        names = [blob_name(i, "external input") for i in inputs]
+        refs = [BlobReference(n) for n in names]
         existing = set(self._net.external_input)
         for name in names:
             if name in existing or names.count(name) > 1:
@@ -441,3 +441,29 @@ def _recompute_externals(proto: caffe2_pb2.NetDef) -> None:
     proto.external_input.extend(inputs)
     del proto.external_output[:]
     proto.external_output.extend(outputs)
+
+
+def clone_and_bind_net(net: Net, name: str, prefix: str,
+                       blob_remap: dict[str, str] | None = None, inputs: Any = None,
+                       keep_schema: bool = True) -> tuple[Net, dict[str, str]]:
+    """Clone ``net`` as ``name``, prefixing every blob it defines with ``prefix``.
+
+    Blobs the net reads before writing keep their names.  Returns ``(clone, blob_remap)``.
+    Binding a schema record (``inputs``) is not supported: dpgraph has no schema module.
+    """
+    from dpgraph.errors import NotSupportedError
+    from dpgraph.ir.analysis import get_ssa, get_undefined_blobs
+
+    if inputs is not None:
+        raise NotSupportedError(
+            "clone_and_bind_net(inputs=...) binds a schema record, which dpgraph does not "
+            "support; pass inputs=None and remap blobs with blob_remap instead.")
+    blob_remap = {} if blob_remap is None else blob_remap
+    ssa, blob_versions = get_ssa(net.Proto())
+    undefined = get_undefined_blobs(ssa)
+    for blob in blob_versions:
+        if blob not in blob_remap:
+            blob_remap[blob] = blob if blob in undefined else prefix + blob
+    for blob in undefined:
+        blob_remap.setdefault(blob, blob)
+    return net.Clone(name, blob_remap, keep_schema=keep_schema), blob_remap

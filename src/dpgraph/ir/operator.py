@@ -44,6 +44,15 @@ def RectifyInputOutput(blobs: Any, net: Net | None = None) -> list[BlobReference
 _RectifyInputOutput = RectifyInputOutput
 
 
+def output_to_list(op_output: Any) -> list[Any]:
+    """The outputs a ``net.<Op>(...)`` call returned, as a list (None -> ``[]``)."""
+    if op_output is None:
+        return []
+    if isinstance(op_output, (list, tuple)):
+        return list(op_output)
+    return [op_output]
+
+
 def CreateOperator(
     operator_type: str,
     inputs: Any,

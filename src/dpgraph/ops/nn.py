@@ -111,6 +111,12 @@ def fc(ctx: OpContext) -> Outputs:
     return _fc_forward(ctx, transposed=False)
 
 
+@register_op("PackedFC", inputs=3, outputs=1, shape=_fc_shape(False))
+def packed_fc(ctx: OpContext) -> Outputs:
+    """Caffe2's MKL-packed FC: the same math as FC (inference only, no gradient)."""
+    return _fc_forward(ctx, transposed=False)
+
+
 @register_op("FCTransposed", inputs=3, outputs=1, shape=_fc_shape(True))
 def fc_transposed(ctx: OpContext) -> Outputs:
     """Y = X·W + b with W stored [in, out]."""

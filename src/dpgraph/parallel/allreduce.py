@@ -51,16 +51,14 @@ def broadcast(state: ParallelState, net: Any, name: str, use_nccl: bool = False)
         emit(net, make_op("NCCLBroadcast", blobs, blobs,
                           device_option(state.config.device_type, master), root=0))
         return
-    ops = []
-    for device in state.devices[1:]:
-        if state.is_gpu_blob(name):
-            option = device_option(state.config.device_type, device)
-        elif state.is_ideep_blob(name):
-            option = device_option(IDEEP, 0)
-        else:
-            option = device_option(CPU, 0)
-        ops.append(make_op("Copy", [group[master]], [group[device]], option))
-    emit(net, *ops)
+    if state.is_gpu_blob(name):
+        options = [device_option(state.config.device_type, d) for d in state.devices[1:]]
+    else:
+        option = device_option(IDEEP if state.is_ideep_blob(name) else CPU, 0)
+        options = [option] * (len(state.devices) - 1)
+    source = [group[master]]
+    emit(net, *[make_op("Copy", source, [group[device]], option)
+                for device, option in zip(state.devices[1:], options)])
 
 
 def broadcast_computed_params(state: ParallelState) -> None:

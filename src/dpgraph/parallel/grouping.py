@@ -7,7 +7,7 @@ under ``"<indices>:<values>"`` (both stripped).
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from dpgraph.errors import ParallelizeError
@@ -85,28 +85,31 @@ def validate_params(params: Sequence[Any]) -> None:
         )
 
 
-def _map_ops(ops: Iterable[caffe2_pb2.OperatorDef], mapping: dict[str, Any]) -> None:
+def _map_ops(ops: Sequence[caffe2_pb2.OperatorDef], mapping: dict[str, Any]) -> None:
+    """First op (in order) touching a blob wins; ops are visited in reverse so that
+    plain dict updates (last write wins) give that result in one linear sweep."""
     cpu = caffe2_pb2.DeviceOption()
     cpu.device_type = caffe2_pb2.PROTO_CPU
-    for op in ops:
+    local: dict[str, Any] = {}
+    for op in reversed(ops):
         option = cpu if op.type == "Iter" else op.device_option
-        for b in op.input:
-            if b not in mapping:
-                mapping[b] = option
-        for b in op.output:
-            if b not in mapping:
-                mapping[b] = option
         if op.type.startswith("RecurrentNetwork"):
             for arg in op.arg:
                 if arg.name.endswith("step_net"):
-                    _map_ops(arg.n.op, mapping)
+                    step: dict[str, Any] = {}
+                    _map_ops(arg.n.op, step)
+                    local.update(step)
+        local.update(dict.fromkeys(op.output, option))
+        local.update(dict.fromkeys(op.input, option))
+    local.update(mapping)
+    mapping.update(local)
 
 
 def infer_blob_device(state: ParallelState) -> None:
     """Caffe2's ``_InferBlobDevice``: each blob takes the device of its first op."""
     mapping: dict[str, Any] = {}
-    _map_ops(state.model.param_init_net.Proto().op, mapping)
-    _map_ops(state.model.net.Proto().op, mapping)
+    _map_ops(list(state.model.param_init_net.Proto().op), mapping)
+    _map_ops(list(state.model.net.Proto().op), mapping)
     state.blob_to_device = mapping
 
 

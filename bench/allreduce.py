@@ -1,0 +1,142 @@
+"""Allreduce benchmark: prints ONE JSON object.
+
+* ``cpu``: the cpu backend summing 4 local device copies, against a numpy floor (the same
+  three in-place adds on the same buffers, without the copies back to the other devices).
+* ``gloo``: dpgraph's ``Allreduce`` op (CreateCommonWorld + a net run through the workspace)
+  over 2 processes, against a raw ``torch.distributed.all_reduce`` of the same buffer in the
+  same processes, measured alternately.  ``ratio`` = raw time / dpgraph time (1.0 = as fast
+  as raw Gloo; the target is >= 0.9 at every size >= 1 MiB).
+
+Usage: ``python bench/allreduce.py [--sizes 4096,1048576] [--min-time 0.2]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+DEFAULT_SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
+TARGET = 0.9
+
+
+def _repeat(fn: Callable[[], Any], min_time: float, max_reps: int = 2000) -> float:
+    """Median seconds per call, calling at least 3 times and for about ``min_time``."""
+    fn()  # warm-up
+    times: list[float] = []
+    total = 0.0
+    while (len(times) < 3 or total < min_time) and len(times) < max_reps:
+        start = time.perf_counter()
+        fn()
+        elapsed = time.perf_counter() - start
+        times.append(elapsed)
+        total += elapsed
+    return statistics.median(times)
+
+
+def bench_cpu(sizes: list[int], min_time: float, devices: int = 4) -> list[dict[str, Any]]:
+    from dpgraph.collectives import create_backend
+
+    world = create_backend("cpu", world="bench")
+    rows = []
+    for nbytes in sizes:
+        copies = [np.ones(nbytes // 4, np.float32) for _ in range(devices)]
+
+        def floor() -> None:
+            for other in copies[1:]:
+                np.add(copies[0], other, out=copies[0])
+
+        backend_s = _repeat(lambda: world.allreduce(copies), min_time)
+        floor_s = _repeat(floor, min_time)
+        rows.append({"bytes": nbytes, "backend_s": backend_s, "numpy_floor_s": floor_s,
+                     "ratio": floor_s / backend_s})
+    return rows
+
+
+def _gloo_rank(rank: int, path: str, sizes: list[int], min_time: float, queue: Any) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from dpgraph import core, workspace
+
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    init = core.Net("init")
+    init.FileStoreHandlerCreate([], "store", path=path, prefix="dpgraph")
+    init.CreateCommonWorld("store", "cw", size=2, rank=rank, engine="GLOO", timeout_ms=120000)
+    workspace.RunNetOnce(init)
+    raw_store = dist.PrefixStore("raw", dist.FileStore(os.path.join(path, "raw.store"), -1))
+    dist.init_process_group("gloo", store=raw_store, rank=rank, world_size=2)
+    rows = []
+    for nbytes in sizes:
+        buffer = np.ones(nbytes // 4, np.float32)
+        workspace.FeedBlob("buf", buffer)
+        net = core.Net(f"allreduce_{nbytes}")
+        net.Allreduce(["cw", "buf"], ["buf"], engine="GLOO")
+        workspace.CreateNet(net)
+        name = net.Name()
+        raw = torch.from_numpy(np.ones(nbytes // 4, np.float32))
+        dist.barrier()
+        dpgraph_s, raw_s = [], []
+        for _ in range(3):  # alternate, so drifting machine load hits both alike
+            dpgraph_s.append(_repeat(lambda name=name: workspace.RunNet(name), min_time / 3))
+            raw_s.append(_repeat(lambda: dist.all_reduce(raw), min_time / 3))
+        rows.append({"bytes": nbytes, "dpgraph_s": statistics.median(dpgraph_s),
+                     "raw_s": statistics.median(raw_s)})
+    dist.destroy_process_group()
+    if rank == 0:
+        queue.put(rows)
+
+
+def bench_gloo(sizes: list[int], min_time: float, timeout: float = 600) -> list[dict[str, Any]]:
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    with tempfile.TemporaryDirectory() as path:
+        procs = [ctx.Process(target=_gloo_rank, args=(r, path, sizes, min_time, queue))
+                 for r in range(2)]
+        for proc in procs:
+            proc.start()
+        try:
+            rows = queue.get(timeout=timeout)
+        finally:
+            for proc in procs:
+                proc.join(10)
+                if proc.is_alive():
+                    proc.kill()
+    for row in rows:
+        row["ratio"] = row["raw_s"] / row["dpgraph_s"]
+        row["dpgraph_gbps"] = row["bytes"] / row["dpgraph_s"] / 1e9
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default=",".join(map(str, DEFAULT_SIZES)),
+                        help="message sizes in bytes, comma separated")
+    parser.add_argument("--min-time", type=float, default=0.3,
+                        help="seconds to spend per size and method")
+    args = parser.parse_args(argv)
+    sizes = [int(s) for s in args.sizes.split(",")]
+    cpu = bench_cpu(sizes, args.min_time)
+    gloo = bench_gloo(sizes, args.min_time)
+    large = [row["ratio"] for row in gloo if row["bytes"] >= 1 << 20]
+    print(json.dumps({
+        "benchmark": "allreduce", "dtype": "float32",
+        "cpu": {"devices": 4, "sizes": cpu},
+        "gloo": {"processes": 2, "sizes": gloo, "target_ratio_ge_1MiB": TARGET,
+                 "min_ratio_ge_1MiB": min(large) if large else None,
+                 "meets_target": bool(large) and min(large) >= TARGET},
+        "python": sys.version.split()[0],
+    }))
+
+
+if __name__ == "__main__":
+    main()
