@@ -57,7 +57,13 @@ def run_demo_command(args: argparse.Namespace) -> int:
     return 0 if result.ok else 1
 
 
-COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [add_demo_command]
+def _all_commands() -> list[Callable[[argparse._SubParsersAction], None]]:
+    from dpgraph.export.commands import EXPORT_COMMANDS
+
+    return [add_demo_command, *EXPORT_COMMANDS]
+
+
+COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = _all_commands()
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -140,8 +140,8 @@ def Parallelize_CPU_BMUF(*args: Any, **kwargs: Any) -> None:
 
 def OptimizeGradientMemory(model: Any, input_shapes: Any, excluded_blobs: Any,
                            recycle_activations: bool) -> None:
-    """Share gradient blobs per device (provided by ``dpgraph.memonger``)."""
-    _optional("dpgraph.parallel.memory_passes", "OptimizeGradientMemory",
+    """Share gradient blobs per device (provided by ``dpgraph.memory``)."""
+    _optional("dpgraph.memory.dpm", "OptimizeGradientMemory",
               "OptimizeGradientMemory")(model, input_shapes, excluded_blobs,
                                         recycle_activations)
 

@@ -16,8 +16,11 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from dpgraph import brew, core, data_parallel_model, model_helper, optimizer, workspace
-from dpgraph.proto import caffe2_pb2
+from dpgraph import brew as _brew
+from dpgraph import core, data_parallel_model, model_helper, optimizer, workspace
+from dpgraph.ir.device import CPU
+
+brew: Any = _brew  # helpers are registered dynamically
 
 
 @dataclass(frozen=True)
@@ -106,7 +109,7 @@ def feed(model: Any, devices: Sequence[int], images: np.ndarray,
     per = len(images) // len(devices)
     for i, device in enumerate(devices):
         rows = slice(i * per, (i + 1) * per)
-        with core.DeviceScope(core.DeviceOption(caffe2_pb2.CPU, device)):
+        with core.DeviceScope(core.DeviceOption(CPU, device)):
             workspace.FeedBlob(f"cpu_{device}/data", images[rows])
             if labels is not None:
                 workspace.FeedBlob(f"cpu_{device}/label", labels[rows])
@@ -138,13 +141,15 @@ class Progress:
         isatty = getattr(stream, "isatty", None)
         self.live = bool(isatty and isatty())
 
+    def bar(self, done: int, total: int) -> str:
+        filled = self.width * done // max(total, 1)
+        return "[" + "#" * filled + "." * (self.width - filled) + f"] {done}/{total}"
+
     def update(self, label: str, done: int, total: int, suffix: str = "") -> None:
         """Redraw the bar in place (only on a terminal, so logs stay readable)."""
         if self.quiet or not self.live:
             return
-        filled = self.width * done // max(total, 1)
-        bar = "#" * filled + "." * (self.width - filled)
-        self.stream.write(f"\r{label} [{bar}] {done}/{total} {suffix}   ")
+        self.stream.write(f"\r{label} {self.bar(done, total)} {suffix}   ")
         self.stream.flush()
 
     def line(self, text: str) -> None:
@@ -188,7 +193,8 @@ def train(config: DemoConfig, data: tuple[np.ndarray, ...], progress: Progress,
         result.losses.append(float(np.mean(losses)))
         result.accuracies.append(accuracy)
         result.images_per_sec = seen / busy if busy else 0.0
-        progress.line(f"epoch {epoch}/{config.epochs}  loss {result.losses[-1]:.4f}  "
+        progress.line(f"epoch {epoch}/{config.epochs} {progress.bar(steps, steps)}  "
+                      f"loss {result.losses[-1]:.4f}  "
                       f"held-out accuracy {100 * accuracy:.1f}%  "
                       f"{result.images_per_sec:,.0f} images/s on {len(devices)} CPU devices")
 

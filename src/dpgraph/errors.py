@@ -108,6 +108,11 @@ class QueueClosedError(DpgraphError, RuntimeError):
     """A blobs queue was closed while an op waited on it."""
 
 
+class WorkspaceNameError(DpgraphError, TypeError, AssertionError):
+    """A blob or net name given to the workspace API has the wrong type (Caffe2 asserted
+    "Expected a string or BlobReference/Net")."""
+
+
 # --- modeling and passes -------------------------------------------------------------------
 class ModelError(DpgraphError, AssertionError):
     """A ModelHelper, brew helper or optimizer was misused."""

@@ -30,6 +30,7 @@ def test_caffe2_python_modules_are_dpgraph_modules(installed) -> None:
         aliased = importlib.import_module(f"caffe2.python.{name}")
         assert aliased is importlib.import_module(f"dpgraph.{name}"), name
         assert aliased.__spec__.name == f"dpgraph.{name}"
+        assert not hasattr(aliased, "__path__")  # plain modules stay plain
     from caffe2.proto import caffe2_pb2
     from caffe2.python import core, data_parallel_model
 
@@ -138,3 +139,14 @@ def test_init_ops_library_refuses_unknown_libraries(name: str) -> None:
         dyndep.InitOpsLibrary(name)
     assert isinstance(info.value, OSError) and isinstance(info.value, NotSupportedError)
     assert name not in dyndep.GetLoadedLibraries()
+
+
+def test_module_runner_with_dash_m(tmp_path: Path) -> None:
+    (tmp_path / "c2_entry.py").write_text(
+        "import sys\nfrom caffe2.python import workspace\n"
+        "print('MOD', sys.argv[1:], workspace.__name__)\n")
+    env = {**__import__("os").environ, "PYTHONPATH": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-m", "dpgraph.compat.caffe2", "-m", "c2_entry", "z"],
+                         capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr
+    assert "MOD ['z'] dpgraph.workspace" in out.stdout

@@ -351,3 +351,36 @@ def test_execution_step_defaults() -> None:
     plan = core.Plan("plan")
     plan.AddStep(step)
     assert isinstance(plan.Proto(), caffe2_pb2.PlanDef)
+
+
+def test_execution_step_kwargs() -> None:
+    net = core.Net(_uniq("stepkw"))
+    report = core.Net(_uniq("report"))
+    step = core.execution_step(
+        "s", [net], num_iter=3, report_net=report, report_interval=5,
+        concurrent_substeps=True, only_once=True, num_concurrent_instances=2,
+        create_workspace=True, run_every_ms=7)
+    proto = step.Proto()
+    assert (proto.name, proto.num_iter, proto.report_net, proto.report_interval) == (
+        "s", 3, report.Name(), 5)
+    assert proto.only_once and proto.create_workspace
+    assert proto.num_concurrent_instances == 2 and proto.run_every_ms == 7
+    assert list(proto.network) == [net.Name()]
+
+
+def test_set_rand_seed() -> None:
+    net = core.Net(_uniq("seed"))
+    net.Relu("a", "b")
+    net.Relu("b", "c")
+    net.set_rand_seed(seed=10)
+    assert [op.device_option.random_seed for op in net.Proto().op] == [10, 11]
+    net.set_rand_seed(seed=3, sequence_seed=False)
+    assert [op.device_option.random_seed for op in net.Proto().op] == [3, 3]
+
+
+def test_log_info_and_records() -> None:
+    net = core.Net(_uniq("log"))
+    net.LogInfo("hello", core.BlobReference("x"))
+    assert [op.type for op in net.Proto().op] == ["GivenTensorStringFill", "Print", "Print"]
+    assert list(net.Proto().op[2].input) == ["x"]
+    assert net.input_record() is None and net.output_record() is None

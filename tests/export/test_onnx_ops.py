@@ -10,8 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-
-from tests.export._export_helpers import (
+from _export_helpers import (
     assert_outputs_close,
     check_model,
     make_net,

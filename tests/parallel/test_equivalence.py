@@ -75,3 +75,17 @@ def test_sparse_gather_model_on_gpus(ndev: int, use_nccl: bool) -> None:
 def test_combine_spatial_bn_params(ndev: int, gpu: bool) -> None:
     got = train(range(ndev), gpu=gpu, forward=bn_forward, combine_spatial_bn=True)[1]
     assert_same_params(reference(forward=bn_forward), got)
+
+
+@pytest.mark.parametrize("flag", ["optimize_gradient_memory", "dynamic_memory_management"])
+def test_memory_passes_keep_results(flag: str) -> None:
+    pytest.importorskip("dpgraph.memory.dpm", reason="memory passes not in this build")
+    assert_same_params(reference(), train(range(2), **{flag: True})[1])
+
+
+def test_arbitrary_virtual_gpu_ids() -> None:
+    model, got = train([5, 2, 7, 1], gpu=True)
+    assert model._devices == [5, 2, 7, 1]
+    sums = [op for op in model.net.Proto().op if op.type == "Sum" and op.name == "dpm"]
+    assert [op.device_option.device_id for op in sums[:3]] == [5, 7, 5]
+    assert_same_params(reference(), got)

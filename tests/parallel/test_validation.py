@@ -161,20 +161,27 @@ def test_sparse_gradient_on_cpu() -> None:
 
 
 @pytest.mark.parametrize("flag", ["optimize_gradient_memory", "dynamic_memory_management"])
-def test_memory_flags_not_supported_yet(flag: str) -> None:
+def test_memory_flags_without_memory_passes(flag: str, monkeypatch) -> None:
+    import sys
+
     from dpgraph.parallel import memory
 
-    if memory.get_memory_hooks() is not None:
-        pytest.skip("memory passes are registered in this build")
+    monkeypatch.setattr(memory, "_HOOKS", [])
+    monkeypatch.setitem(sys.modules, "dpgraph.memory.dpm", None)  # import fails
     error = run_failing(prepared_model(), cpu_device=True, **{flag: True})
     assert isinstance(error, NotSupportedError) and flag in str(error)
 
 
-def test_multi_host_rendezvous_not_supported_yet() -> None:
+def test_memory_flags_together_refused() -> None:
+    error = run_failing(prepared_model(), cpu_device=True, optimize_gradient_memory=True,
+                        dynamic_memory_management=True)
+    assert isinstance(error, ParallelizeError) and "memonger" in str(error)
+
+
+def test_multi_host_rendezvous_without_backend(monkeypatch) -> None:
     from dpgraph.parallel import distributed
 
-    if distributed._HOOKS:
-        pytest.skip("distributed hooks are registered in this build")
+    monkeypatch.setattr(distributed, "_HOOKS", [])
     rendezvous = {"kv_handler": "store", "shard_id": 0, "num_shards": 2, "engine": "GLOO"}
     error = run_failing(prepared_model(), cpu_device=True, rendezvous=rendezvous)
     assert isinstance(error, NotSupportedError) and "num_shards=2" in str(error)

@@ -84,11 +84,14 @@ class Caffe2AliasFinder(importlib.abc.MetaPathFinder):
         dp_name = target_of(fullname)
         if dp_name is None:
             return None
-        if importlib.util.find_spec(dp_name) is None:
+        target_spec = importlib.util.find_spec(dp_name)
+        if target_spec is None:
             return None
-        spec = importlib.machinery.ModuleSpec(fullname, _AliasLoader(dp_name),
-                                              is_package=True)
-        return spec
+        # mirror the target's package-ness, or the import system would give a plain
+        # module a __path__
+        return importlib.machinery.ModuleSpec(
+            fullname, _AliasLoader(dp_name),
+            is_package=target_spec.submodule_search_locations is not None)
 
 
 _FINDER = Caffe2AliasFinder()

@@ -65,6 +65,7 @@ class OnnxBuilder:
         self.initializers: dict[str, np.ndarray] = {}
         self.params: dict[str, np.ndarray] = {}
         self.current: dict[str, str] = {}  # Caffe2 blob -> ONNX value name now
+        self.graph_inputs: set[str] = set()
         self._taken: set[str] = set()
         self._counter = 0
         # set per op
@@ -162,9 +163,6 @@ class OnnxBuilder:
         return self.node("Transpose", [value], [out] if out else 1, perm=list(perm))[0]
 
 
-Converter = Any  # Callable[[OnnxBuilder], None]
-
-
 def _net_proto(net: Any) -> caffe2_pb2.NetDef:
     proto = net.Proto() if hasattr(net, "Proto") else net
     if not isinstance(proto, caffe2_pb2.NetDef):
@@ -181,7 +179,8 @@ def _params(init_net_or_params: Any) -> dict[str, np.ndarray]:
 
 
 def check_supported(proto: caffe2_pb2.NetDef) -> None:
-    """Raise :class:`ExportError` naming every op of ``proto`` that has no ONNX mapping."""
+    """Raise :class:`ExportError` naming every op of ``proto`` that has no ONNX mapping
+    (also as ``error.unsupported``: a list of ``(op index, op type, reason)``)."""
     from dpgraph.export.onnx_ops import unsupported_reason
 
     problems = []
@@ -192,10 +191,12 @@ def check_supported(proto: caffe2_pb2.NetDef) -> None:
     if problems:
         types = sorted({t for _, t, _ in problems})
         listing = "; ".join(f"op {i} ({t}): {r}" for i, t, r in problems)
-        raise ExportError(
+        error = ExportError(
             f"cannot export net {proto.name!r} to ONNX: {len(problems)} unsupported op(s) of "
             f"type(s) {', '.join(types)} — {listing}. See docs/export.md for the supported "
             "op set.")
+        error.unsupported = problems  # type: ignore[attr-defined]
+        raise error
 
 
 def _input_specs(inputs: Mapping[str, Any]) -> dict[str, tuple[list[int | str], np.dtype]]:
@@ -228,10 +229,11 @@ def observe_shapes(proto: caffe2_pb2.NetDef, params: Mapping[str, np.ndarray],
     for index, op in enumerate(proto.op):
         record = OpShapes()
         for blob in op.input:
-            value = np.asarray(ws.get_blob(blob)) if ws.has_blob(blob) else None
-            if value is None:
+            raw = ws.get_blob(blob) if ws.has_blob(blob) else None
+            if raw is None:
                 raise ExportError(f"op {index} ({op.type}): input {blob!r} is not available; "
                                   "declare it in `inputs` or provide it as a parameter")
+            value = np.asarray(raw)
             record.inputs.append(tuple(value.shape))
             record.input_dtypes.append(value.dtype)
         plain = caffe2_pb2.OperatorDef()
@@ -267,6 +269,17 @@ def _needed(proto: caffe2_pb2.NetDef, outputs: Sequence[str]) -> list[list[bool]
 
 def _last_writer(proto: caffe2_pb2.NetDef) -> dict[str, int]:
     return {blob: index for index, op in enumerate(proto.op) for blob in op.output}
+
+
+def _ssa_name(builder: OnnxBuilder, blob: str, final: bool, results: Sequence[str]) -> str:
+    """ONNX name of a write of ``blob``: its own name for the last write (when free),
+    a fresh ``blob__<n>`` otherwise."""
+    taken_elsewhere = blob in builder.params or blob in builder.graph_inputs
+    if final and blob in results and not taken_elsewhere:
+        return blob
+    if final and blob not in builder._taken:
+        return builder.reserve(blob)
+    return builder.fresh(blob)
 
 
 def to_onnx(predict_net: Any, init_net_or_params: Any, inputs: Mapping[str, Any],
@@ -310,6 +323,7 @@ def to_onnx(predict_net: Any, init_net_or_params: Any, inputs: Mapping[str, Any]
     builder.params = {k: v for k, v in params.items() if k not in specs}
     for blob in specs:
         builder.current[blob] = builder.reserve(blob)
+        builder.graph_inputs.add(blob)
     for blob in params:
         builder.reserve(blob)
     for blob in result_names:
@@ -320,15 +334,10 @@ def to_onnx(predict_net: Any, init_net_or_params: Any, inputs: Mapping[str, Any]
         builder.op, builder.index, builder.shapes = op, index, observed[index]
         builder.args = arguments_dict(op.arg)
         builder.needed_outputs = needed[index]
-        names = []
-        for k, blob in enumerate(op.output):
-            final = last[blob] == index and blob not in specs and blob not in params
-            names.append(blob if final and blob in result_names else
-                         builder.reserve(blob) if final and blob not in builder._taken
-                         else builder.fresh(blob))
-        builder.output_names = names
+        builder.output_names = [_ssa_name(builder, blob, last[blob] == index, result_names)
+                                for blob in op.output]
         CONVERTERS[op.type](builder)
-        for blob, onnx_name in zip(op.output, names):
+        for blob, onnx_name in zip(op.output, builder.output_names):
             builder.current[blob] = onnx_name
     return _assemble(builder, proto, specs, result_names, observed, name)
 

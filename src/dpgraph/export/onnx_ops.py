@@ -64,7 +64,7 @@ def _to_channel_last(b: OnnxBuilder, value: str, rank: int, out: str) -> str:
     return b.transpose(value, [0, *range(2, rank), 1], out)
 
 
-def _channel_first_wrapped(b: OnnxBuilder, build: Callable[[str, str], None]) -> None:
+def _channel_first_wrapped(b: OnnxBuilder, build: Callable[[str, str], object]) -> None:
     """Run ``build(x_channel_first, y_name)``, wrapping NHWC data in Transposes."""
     x, rank = b.input(0), b.rank(0)
     if _order(b) == "NCHW":

@@ -71,7 +71,8 @@ def fill_op(name: str, value: Any) -> caffe2_pb2.OperatorDef:
         raise ExportError(
             f"parameter {name!r} has dtype {array.dtype}, which has no GivenTensor*Fill op; "
             "cast it to float32, float64, int32, int64, bool or strings first") from None
-    getattr(values, field).extend(array.ravel().tolist())
+    flat = array.ravel().astype(np.int64) if array.dtype == np.bool_ else array.ravel()
+    getattr(values, field).extend(flat.tolist())
     return op
 
 

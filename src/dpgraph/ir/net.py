@@ -415,6 +415,24 @@ class Net:
         new_values = getattr(self, op)([g.values, remapping], 1)
         return GradientSlice(indices=unique, values=new_values)
 
+    def LogInfo(self, *msg_or_blobs: Any) -> None:
+        """Print each message (a string, via a one-element string fill) or blob at run time."""
+        for msg_or_blob in msg_or_blobs:
+            if isinstance(msg_or_blob, BlobReference):
+                blob = msg_or_blob
+            else:
+                blob = self.GivenTensorStringFill(
+                    [], self.NextName("log"), shape=[], values=[msg_or_blob])
+            self.Print(blob, [])
+
+    def input_record(self) -> Any:
+        """The input schema record (dpgraph keeps whatever was set; usually None)."""
+        return self._input_record
+
+    def output_record(self) -> Any:
+        """The output schema record (dpgraph keeps whatever was set; usually None)."""
+        return self._output_record
+
     def IsGPU(self) -> bool:
         return IsGPUDeviceType(self._net.device_option.device_type)
 

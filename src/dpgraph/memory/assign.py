@@ -109,10 +109,14 @@ def get_memory_usage(assignments: Iterable[Assignment]) -> int:
     return sum(_max_size(a) for a in assignments if a)
 
 
+def _defined(item: RangeItem) -> int:
+    return -1 if item[1].defined is None else item[1].defined
+
+
 def _order(assignments: list[Assignment], originals: Mapping[str, RangeItem]
            ) -> list[Assignment]:
     """Original ranges, each assignment sorted by definition."""
-    return [sorted((originals[name] for name, _ in a), key=lambda it: it[1].defined)
+    return [sorted((originals[name] for name, _ in a), key=_defined)
             for a in assignments]
 
 

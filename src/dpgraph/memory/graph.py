@@ -157,7 +157,7 @@ def _ordered_sources(graph: OpGraph) -> list[int]:
     stack = [sink]
     while stack:
         node = stack.pop()
-        kids = children.get(node)
+        kids = children.get(node, [])
         if not kids:
             leaves.append(node)
             continue

@@ -7,7 +7,8 @@ import importlib
 
 _FAMILIES = (
     "fill", "math", "activation", "nn", "norm", "loss", "shape", "utility", "optim",
-    "sparse", "queue", "device_copy", "collective", "distributed",
+    "sparse", "queue", "device_copy", "collective", "distributed", "sequence", "image",
+    "text",
 )
 
 for _family in _FAMILIES:

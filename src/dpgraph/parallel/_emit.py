@@ -25,17 +25,19 @@ def make_op(
     **args: Any,
 ) -> caffe2_pb2.OperatorDef:
     """An OperatorDef with exact (unscoped) blob names and an explicit device option."""
-    op = caffe2_pb2.OperatorDef(type=op_type, name=name)
-    op.input.extend(str(b) for b in inputs)
-    op.output.extend(str(b) for b in outputs)
+    fields: dict[str, Any] = {
+        "type": op_type, "name": name, "input": [str(b) for b in inputs],
+        "output": [str(b) for b in outputs],
+    }
     if control_input:
-        op.control_input.extend(str(b) for b in control_input)
+        fields["control_input"] = [str(b) for b in control_input]
     if device is not None:
-        op.device_option.CopyFrom(device)
+        fields["device_option"] = device
     if engine is not None:
-        op.engine = engine
-    op.arg.extend(MakeArgument(k, v) for k, v in args.items() if v is not None)
-    return op
+        fields["engine"] = engine
+    if args:
+        fields["arg"] = [MakeArgument(k, v) for k, v in args.items() if v is not None]
+    return caffe2_pb2.OperatorDef(**fields)
 
 
 def emit(net: Any, *ops: caffe2_pb2.OperatorDef) -> None:

@@ -72,7 +72,8 @@ def broadcast_computed_params(state: ParallelState) -> None:
 def _sum_tree(count: int) -> list[tuple[int, ...]]:
     """Index groups of the Sum ops, in order: pairwise trees for 4/8/16, else flat."""
     if count in (4, 8, 16):
-        steps, width = [], 1
+        steps: list[tuple[int, ...]] = []
+        width = 1
         while width < count:
             steps.extend((j, j + width) for j in range(0, count, 2 * width))
             width *= 2

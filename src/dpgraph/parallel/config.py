@@ -76,7 +76,8 @@ class ParallelConfig:
 
     @property
     def device_name(self) -> str:
-        return {CPU: "CPU", IDEEP: "IDEEP"}.get(self.device_type, "GPU")
+        names: dict[int, str] = {int(CPU): "CPU", int(IDEEP): "IDEEP"}
+        return names.get(int(self.device_type), "GPU")
 
     def namescope(self, device: int) -> str:
         """``"gpu_3"``: the name scope of ``device`` (without the trailing ``/``)."""
@@ -120,16 +121,19 @@ def make_config(**kwargs: Any) -> ParallelConfig:
     """Build a :class:`ParallelConfig` from Caffe2's ``Parallelize`` keyword arguments."""
     cpu_device = bool(kwargs.get("cpu_device", False))
     ideep = bool(kwargs.get("ideep", False))
+    device_type: int
     if ideep:
-        device_type, prefix = IDEEP, "ideep"
+        device_type, prefix = int(IDEEP), "ideep"
     elif cpu_device:
-        device_type, prefix = CPU, "cpu"
+        device_type, prefix = int(CPU), "cpu"
     else:
         device_type, prefix = _gpu_device_type(), "gpu"
     devices = _normalise_devices(kwargs.pop("devices", None), cpu_device or ideep)
     given = kwargs.pop("rendezvous", None)
     rendezvous = as_rendezvous(given)
-    legacy = given if given is None or isinstance(given, Mapping) else rendezvous.to_legacy()
+    legacy = given
+    if rendezvous is not None and not isinstance(given, Mapping):
+        legacy = rendezvous.to_legacy()
     keep = kwargs.pop("blobs_to_keep", None)
     return ParallelConfig(
         devices=devices, device_type=device_type, device_prefix=prefix,
@@ -167,7 +171,14 @@ def _require_memory_pass(flag: str) -> None:
     from dpgraph.parallel.memory import get_memory_hooks
 
     if get_memory_hooks() is None:
+        try:
+            from dpgraph.memory.dpm import install_memory_hooks
+        except ImportError:
+            install_memory_hooks = None  # type: ignore[assignment]
+        if install_memory_hooks is not None:
+            install_memory_hooks()
+    if get_memory_hooks() is None:
         raise NotSupportedError(
-            f"Parallelize({flag}=True) needs dpgraph.memonger, which is not available yet; "
-            f"call Parallelize without {flag} for now."
+            f"Parallelize({flag}=True) needs dpgraph's memory passes (dpgraph.memory), "
+            f"which are not available in this build; call Parallelize without {flag}."
         )

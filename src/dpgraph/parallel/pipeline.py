@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from dpgraph.parallel import distributed, grouping, memory, replicate, shared_model, sync
@@ -27,10 +27,16 @@ from dpgraph.parallel.validate import validate_call
 log = logging.getLogger("dpgraph.parallel")
 
 
-def _configure_net(state: ParallelState) -> None:
+Pass = Callable[[ParallelState], None]
+
+
+def _start(state: ParallelState) -> None:
+    """Model attributes Caffe2 sets first, and the main net's type and worker count."""
+    publish_start(state)
     proto = state.model.net.Proto()
     proto.num_workers = state.config.num_workers
     proto.type = state.config.net_type
+    log.info("Parallelizing model for devices: %s", list(state.config.devices))
 
 
 def _group_params(state: ParallelState) -> None:
@@ -41,6 +47,31 @@ def _group_params(state: ParallelState) -> None:
     state.grouped.update(computed)
     state.param_names = list(state.grouped)
     state.computed_param_names = list(computed)
+    publish(state)
+
+
+def _pre_grad_transform(state: ParallelState) -> None:
+    if state.config.pre_grad_net_transformer_fun is not None:
+        state.config.pre_grad_net_transformer_fun(state.model)
+
+
+def _add_gradients(state: ParallelState) -> None:
+    if state.config.has_parameter_updates:
+        replicate.add_gradients(state)
+
+
+def _net_transform(state: ParallelState) -> None:
+    """``net_transformer_fun(model, ndev, prefix, device_type)``, exactly once."""
+    config = state.config
+    if config.net_transformer_fun is not None:
+        publish(state)
+        config.net_transformer_fun(state.model, len(config.devices), config.device_prefix,
+                                   config.device_type)
+
+
+def _combine_spatial_bn(state: ParallelState) -> None:
+    if state.config.combine_spatial_bn:
+        combine_spatial_bn(state)
 
 
 def _group_gradients(state: ParallelState) -> None:
@@ -54,19 +85,33 @@ def _group_gradients(state: ParallelState) -> None:
     state.grad_names = list(grouped)
 
 
+def _infer_devices(state: ParallelState) -> None:
+    grouping.infer_blob_device(state)
+    publish(state)
+
+
+def _multi_host(state: ParallelState) -> distributed.DistributedHooks | None:
+    """The distributed hooks when the rendezvous spans several hosts (the one seam)."""
+    rendezvous = state.config.rendezvous
+    if rendezvous is not None and rendezvous.is_multi_host:
+        return distributed.get_distributed_hooks(state.config)
+    return None
+
+
 def _reduce_gradients(state: ParallelState) -> None:
-    config = state.config
-    if config.broadcast_computed_params:
-        if config.rendezvous is not None and config.rendezvous.is_multi_host:
-            distributed.get_distributed_hooks(config).broadcast_computed_params(state)
+    """Broadcast computed params, then all-reduce gradients in reverse param order."""
+    hooks = _multi_host(state)
+    if state.config.broadcast_computed_params:
+        if hooks is not None:
+            hooks.broadcast_computed_params(state)
         else:
             broadcast_computed_params(state)
     if not state.grad_names:
         log.info("NOTE: Param builder function did not create any parameters.")
         return
     names = list(reversed(state.grad_names))
-    if config.rendezvous is not None and config.rendezvous.is_multi_host:
-        distributed.get_distributed_hooks(config).allreduce(state, names, state.model.net)
+    if hooks is not None:
+        hooks.allreduce(state, names, state.model.net)
     else:
         allreduce_single_host(state, names, state.model.net)
 
@@ -80,61 +125,60 @@ def _add_updates(state: ParallelState) -> None:
         replicate.per_device(state, config.param_update_builder_fun)
     else:
         log.info("Calling optimizer builder function")
+        assert config.optimizer_builder_fun is not None  # has_parameter_updates
         state.optimizer = config.optimizer_builder_fun(model)
         model._optimizer = state.optimizer
 
 
-def _finish(state: ParallelState) -> None:
-    config, model = state.config, state.model
-    sync.register_blobs_to_sync(state)
-    grouping.infer_blob_device(state)
+def _check_operators(state: ParallelState) -> None:
     grouping.analyze_operators(state)
-    model.net.Proto().arg.add(name="first_iter_only_one_worker", i=1)
-    sync.add_initial_sync(state)
-    if config.post_sync_builder_fun is not None:
+    # dag nets run the first iteration with one worker (allocation and NCCL safety)
+    state.model.net.Proto().arg.add(name="first_iter_only_one_worker", i=1)
+
+
+def _post_sync(state: ParallelState) -> None:
+    if state.config.post_sync_builder_fun is not None:
         publish(state)
-        replicate.per_device(state, config.post_sync_builder_fun)
-    memory.add_memory_passes(state)
-    state.init_nets = [model.param_init_net]
-    state.nets = [model.net]
+        replicate.per_device(state, state.config.post_sync_builder_fun)
+
+
+def _lifecycle_nets(state: ParallelState) -> None:
+    state.init_nets = [state.model.param_init_net]
+    state.nets = [state.model.net]
     state.finished = True
-    if config.rendezvous is not None and config.rendezvous.is_multi_host:
-        distributed.get_distributed_hooks(config).add_barrier(
-            state, config.barrier_net_timeout_sec)
-    if config.shared_model:
+
+
+def _barrier(state: ParallelState) -> None:
+    hooks = _multi_host(state)
+    if hooks is not None:
+        hooks.add_barrier(state, state.config.barrier_net_timeout_sec)
+
+
+def _remap_shared(state: ParallelState) -> None:
+    if state.config.shared_model:
         shared_model.remap_parameter_blobs(state)
 
 
+#: Passes every Parallelize call runs, in order.
+BUILD_PASSES: tuple[Pass, ...] = (
+    _start, replicate.replicate, _group_params, _pre_grad_transform, _add_gradients,
+    _net_transform,
+)
+#: Then, for a model without update builders (test/eval models).
+FORWARD_ONLY_PASSES: tuple[Pass, ...] = (_infer_devices, _lifecycle_nets)
+#: Then, for a training model.
+TRAINING_PASSES: tuple[Pass, ...] = (
+    _combine_spatial_bn, _group_gradients, _infer_devices, _reduce_gradients, _add_updates,
+    sync.register_blobs_to_sync, _infer_devices, _check_operators, sync.add_initial_sync,
+    _post_sync, memory.add_memory_passes, _lifecycle_nets, _barrier, _remap_shared,
+)
+
+
 def _run(state: ParallelState) -> None:
-    config, model = state.config, state.model
-    publish_start(state)
-    _configure_net(state)
-    log.info("Parallelizing model for devices: %s", list(config.devices))
-    replicate.replicate(state)
-    _group_params(state)
-    publish(state)
-    if config.pre_grad_net_transformer_fun is not None:
-        config.pre_grad_net_transformer_fun(model)
-    if config.has_parameter_updates:
-        replicate.add_gradients(state)
-    if config.net_transformer_fun is not None:
-        publish(state)
-        config.net_transformer_fun(model, len(config.devices), config.device_prefix,
-                                   config.device_type)
-    if not config.has_parameter_updates:
-        log.info("Parameter update function not defined --> only forward")
-        grouping.infer_blob_device(state)
-        state.init_nets, state.nets = [model.param_init_net], [model.net]
-        state.finished = True
-        return
-    if config.combine_spatial_bn:
-        combine_spatial_bn(state)
-    _group_gradients(state)
-    grouping.infer_blob_device(state)
-    publish(state)
-    _reduce_gradients(state)
-    _add_updates(state)
-    _finish(state)
+    tail = TRAINING_PASSES if state.config.has_parameter_updates else FORWARD_ONLY_PASSES
+    for pass_ in BUILD_PASSES + tail:
+        pass_(state)
+        log.debug("Parallelize pass %s done", pass_.__name__)
 
 
 @contextlib.contextmanager

@@ -52,6 +52,7 @@ def replicate(state: ParallelState) -> None:
     for device in config.devices:
         with device_scopes(state, device):
             log.info("Model for %s : %s", config.device_name, device)
+            assert config.input_builder_fun and config.forward_pass_builder_fun  # validated
             config.input_builder_fun(model)
             losses = config.forward_pass_builder_fun(model, config.loss_scale)
             if config.has_parameter_updates:

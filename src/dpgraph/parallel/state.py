@@ -12,6 +12,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
+from dpgraph.ir.device import IsGPUDeviceType
 from dpgraph.parallel.config import ParallelConfig
 from dpgraph.proto import caffe2_pb2
 
@@ -53,8 +54,8 @@ class ParallelState:
         if option is None:
             option = self.blob_to_device.get(f"{self.namescope(self.master)}/{name}")
             if option is None:
-                return self.config.is_gpu
-        return option.device_type not in (caffe2_pb2.PROTO_CPU, caffe2_pb2.PROTO_IDEEP)
+                return IsGPUDeviceType(self.config.device_type)
+        return IsGPUDeviceType(option.device_type)
 
     def is_ideep_blob(self, name: str) -> bool:
         option = self.blob_to_device.get(name)

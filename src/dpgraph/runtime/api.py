@@ -16,8 +16,8 @@ from typing import Any
 
 from google.protobuf.message import Message
 
-from dpgraph.errors import WorkspaceError
-from dpgraph.ir.blob import BlobReference
+from dpgraph.errors import NotSupportedError, WorkspaceError, WorkspaceNameError
+from dpgraph.ir.blob import BlobReference, blob_name
 from dpgraph.ir.registry import OPERATORS
 from dpgraph.proto import caffe2_pb2
 from dpgraph.runtime.serialization import deserialize_blob, serialize_blob
@@ -82,8 +82,12 @@ def WorkspaceGuard(workspace_name: str) -> Iterator[None]:
 
 # --- blobs -----------------------------------------------------------------------------------
 def StringifyBlobName(name: Any) -> str:
-    return str(name) if isinstance(name, BlobReference) else (
-        name.decode() if isinstance(name, bytes) else str(name))
+    """The name of a str/bytes/BlobReference blob; anything else is a WorkspaceNameError."""
+    if not isinstance(name, (str, bytes, BlobReference)):
+        raise WorkspaceNameError(
+            f"Expected a string or BlobReference as the blob name, got "
+            f"{type(name).__name__} {name!r}.")
+    return blob_name(name)
 
 
 def Blobs() -> list[str]:
@@ -112,6 +116,13 @@ def FeedBlob(name: Any, arr: Any, device_option: caffe2_pb2.DeviceOption | None 
 def FetchBlob(name: Any) -> Any:
     """A host copy of a blob (bytes for string blobs); missing -> "Can't find blob"."""
     return current().fetch_blob(StringifyBlobName(name))
+
+
+def FetchInt8Blob(name: Any) -> Any:
+    """Caffe2's Int8 tensor fetch: dpgraph has no Int8 tensor blobs."""
+    raise NotSupportedError(
+        f"FetchInt8Blob({StringifyBlobName(name)!r}): dpgraph has no quantised Int8 blobs; "
+        "use FetchBlob.")
 
 
 def FetchBlobs(names: Iterable[Any]) -> list[Any]:
@@ -176,10 +187,19 @@ def StringifyProto(obj: Any) -> Any:
 
 
 def StringifyNetName(name: Any) -> str:
+    """The name of a net given as a string or a Net object (not a NetDef, as in Caffe2)."""
+    if not isinstance(name, (str, bytes)) and not hasattr(name, "Name"):
+        raise WorkspaceNameError(
+            f"Expected a string or Net as the net name, got {type(name).__name__}; pass "
+            "net.name for a NetDef (create it with CreateNet first).")
     return net_name(name)
 
 
-GetNetName = StringifyNetName
+def GetNetName(net: Any) -> str:
+    """The name of a net given as a string, Net or NetDef."""
+    if isinstance(net, (str, bytes, caffe2_pb2.NetDef)) or hasattr(net, "Name"):
+        return net_name(net)
+    raise WorkspaceNameError(f"Not a Net object: {net!r}")
 
 
 def CreateNet(net: Any, overwrite: bool = False, input_blobs: Iterable[Any] | None = None
@@ -191,7 +211,7 @@ def CreateNet(net: Any, overwrite: bool = False, input_blobs: Iterable[Any] | No
 
 def RunNet(name: Any, num_iter: int = 1, allow_fail: bool = False) -> bool:
     """Run a created net ``num_iter`` times; with allow_fail a failure returns False."""
-    return current().run_net(name, num_iter, allow_fail)
+    return current().run_net(StringifyNetName(name), num_iter, allow_fail)
 
 
 def RunNetOnce(net: Any) -> bool:
@@ -235,6 +255,22 @@ def InferShapesAndTypes(nets: Iterable[Any], blob_dimensions: Mapping[str, Any] 
 
 def RegisteredOperators() -> list[str]:
     return OPERATORS.types()
+
+
+# --- immediate mode ------------------------------------------------------------------------
+def IsImmediate() -> bool:
+    """Caffe2's immediate mode (run each op as it is created) is never on in dpgraph."""
+    return False
+
+
+def StartImmediate(i_know: bool = False) -> None:
+    raise NotSupportedError(
+        "dpgraph has no immediate mode; run ops with workspace.RunOperatorOnce or build a net "
+        "and call workspace.RunNetOnce.")
+
+
+def StopImmediate() -> None:
+    """Nothing to stop: immediate mode is never on."""
 
 
 # --- GlobalInit ------------------------------------------------------------------------------

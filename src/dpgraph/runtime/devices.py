@@ -142,6 +142,14 @@ def GetCuDNNVersion() -> int:
         return 0
 
 
+def GetGPUMemoryInfo() -> dict[str, Any]:
+    """Caffe2's tracked GPU memory report; dpgraph does not track allocations, so every
+    count is 0 (one entry per GPU)."""
+    count = NumGpuDevices()
+    return {"total_by_gpu": [0] * count, "max_by_gpu": [0] * count, "total": 0,
+            "max_total": 0}
+
+
 def GetDeviceProperties(device_id: int) -> dict[str, Any]:
     """Caffe2-style properties of GPU ``device_id`` (``name``, ``total_memory``, ...)."""
     count = NumGpuDevices()

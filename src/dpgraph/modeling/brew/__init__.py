@@ -16,6 +16,7 @@ from typing import Any
 from dpgraph.modeling.brew import (
     algebra,
     array_helpers,
+    control_ops,
     conv,
     db_input,
     dropout,
@@ -31,11 +32,12 @@ from dpgraph.modeling.brew.wrapper import HelperWrapper
 
 _HELPERS: list[Callable[..., Any]] = [
     arg_scope,
-    fc.fc, fc.packed_fc, fc.fc_decomp,
+    fc.fc, fc.packed_fc, fc.fc_decomp, fc.fc_sparse, fc.fc_prune,
     dropout.dropout,
     pooling.max_pool, pooling.average_pool, pooling.max_pool_with_index,
     normalization.lrn, normalization.softmax, normalization.instance_norm,
     normalization.spatial_bn, normalization.spatial_gn, normalization.layer_norm,
+    normalization.moments_with_running_stats,
     nonlinearity.relu, nonlinearity.prelu, nonlinearity.tanh, nonlinearity.sigmoid,
     array_helpers.concat, array_helpers.depth_concat,
     algebra.sum, algebra.reduce_sum, algebra.sub, algebra.arg_min, algebra.transpose,
@@ -45,6 +47,7 @@ _HELPERS: list[Callable[..., Any]] = [
     conv.group_conv_deprecated,
     db_input.image_input, db_input.video_input, db_input.db_input,
     elementwise_linear.elementwise_linear,
+    control_ops.cond, control_ops.loop,
 ]
 
 

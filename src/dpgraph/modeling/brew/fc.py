@@ -1,9 +1,10 @@
-"""Fully connected helpers: fc, packed_fc, fc_decomp."""
+"""Fully connected helpers: fc, packed_fc, fc_decomp, fc_prune, fc_sparse."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from dpgraph.ir.blob import ScopedBlobReference
 from dpgraph.modeling.brew._common import check_dim, out_name
 from dpgraph.modeling.initializers import ExternalInitializer, update_initializer
 from dpgraph.modeling.parameter_info import ParameterTags
@@ -77,3 +78,48 @@ def fc_decomp(model: Any, blob_in: Any, blob_out: Any, dim_in: int, dim_out: int
     bias = model.create_param(param_name=blob_out + "_b", shape=[dim_out],
                               initializer=bias_initializer)
     return model.net.FC_Decomp([blob_in, u, v, bias], blob_out, **kwargs)
+
+
+def fc_prune(model: Any, blob_in: Any, blob_out: Any, dim_in: int, dim_out: int,
+             weight_init: Any = None, bias_init: Any = None, mask_init: Any = None,
+             threshold: float = 0.00001, need_compress_rate: bool = False,
+             comp_lb: float = 0.05, **kwargs: Any) -> Any:
+    """FC_Prune: FC with a pruning mask ``<out>_m`` and its bookkeeping blobs
+    (``_ag_dw``, ``_mask_seq``, ``_thres``, ``_lb``); ``<out>_w`` and ``<out>_b`` are params."""
+    weight_init = weight_init or ("XavierFill", {})
+    bias_init = bias_init or ("ConstantFill", {})
+    mask_init = mask_init or ("ConstantFill", {})
+    blob_out = out_name(model, blob_out)
+    full = [dim_out, dim_in]
+    specs = [("_lb", ("ConstantFill", {"value": comp_lb}), [1]),
+             ("_w", weight_init, full),
+             ("_m", ("ConstantFill", {"value": 1.0}), full),
+             ("_ag_dw", mask_init, full),
+             ("_b", bias_init, [dim_out]),
+             ("_mask_seq", mask_init, full),
+             ("_thres", ("ConstantFill", {"value": threshold}), [1])]
+    blobs = {suffix: _plain_blob(model, init, blob_out + suffix, shape)
+             for suffix, init, shape in specs}
+    model.AddParameter(blobs["_w"])
+    model.AddParameter(blobs["_b"])
+    inputs = [blob_in] + [blobs[s] for s in ("_w", "_m", "_b", "_ag_dw", "_mask_seq",
+                                              "_thres", "_lb")]
+    if need_compress_rate:
+        return model.net.FC_Prune(inputs, [blob_out, blob_out + "_compress_rate"], **kwargs)
+    return model.net.FC_Prune(inputs, blob_out, **kwargs)
+
+
+def fc_sparse(model: Any, blob_in: Any, blob_out: Any, w_csr: Any, iw: Any, jw: Any,
+              bias: Any, **kwargs: Any) -> Any:
+    """FC_Sparse on already-allocated CSR weights (``w_csr``, ``iw``, ``jw``) and bias."""
+    for param in (w_csr, iw, jw, bias):
+        model.AddParameter(param)
+    return model.net.FC_Sparse([blob_in, w_csr, iw, jw, bias], blob_out, **kwargs)
+
+
+def _plain_blob(model: Any, init: tuple[str, dict[str, Any]], name: str, shape: list[int]
+                ) -> Any:
+    """A blob filled directly in param_init_net (a scoped reference without init_params)."""
+    if model.init_params:
+        return model.param_init_net.__getattr__(init[0])([], name, shape=shape, **init[1])
+    return ScopedBlobReference(name, model.param_init_net)

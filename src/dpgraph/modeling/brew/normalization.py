@@ -124,3 +124,21 @@ def layer_norm(model: Any, blob_in: Any, blob_out: Any, dim_in: Any, axis: int =
     scaled = model.net.Mul([normalized, scale], [f"{blob_out}_scaled"], broadcast=1, axis=axis)
     biased = model.net.Add([scaled, bias], [f"{blob_out}_biased"], broadcast=1, axis=axis)
     return biased, mean, std
+
+
+def moments_with_running_stats(model: Any, blob_in: Any, blob_out: Any, dim_in: int,
+                               RunningMeanInitializer: Any = None,
+                               RunningVarianceInitializer: Any = None, order: str = "NCHW",
+                               **kwargs: Any) -> Any:
+    """Computed params ``<out>_rm`` (0.0) and ``<out>_riv`` (1.0), then ``Moments`` over the
+    non-channel axes into ``[<out>_sm, <out>_sv]``; returns both outputs."""
+    check_order("moments_with_running_stats", order)
+    dim_in = check_dim("moments_with_running_stats", "dim_in", dim_in)
+    for suffix, init, value in [("_rm", RunningMeanInitializer, 0.0),
+                                ("_riv", RunningVarianceInitializer, 1.0)]:
+        model.create_param(param_name=blob_out + suffix, shape=[dim_in],
+                           initializer=_constant_init(model, init, value),
+                           tags=ParameterTags.COMPUTED_PARAM)
+    axes = [0, 2, 3] if order == "NCHW" else [0, 1, 2]
+    return model.net.Moments([blob_in], [blob_out + "_sm", blob_out + "_sv"], axes=axes,
+                             order=order, keepdims=False, **kwargs)

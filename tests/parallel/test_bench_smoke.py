@@ -1,0 +1,26 @@
+"""bench/parallelize.py still builds and parallelizes its ResNet-50 (smoke test only:
+benchmarks never gate on timing)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "parallelize.py"
+
+
+def test_bench_runs_on_one_and_two_devices(capsys) -> None:
+    if not BENCH.exists():
+        pytest.skip(f"{BENCH} not present")
+    spec = importlib.util.spec_from_file_location("bench_parallelize", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.main(["--devices", "1", "2"])
+    result = json.loads(capsys.readouterr().out)
+    rows = {r["devices"]: r for r in result["results"]}
+    assert rows[1]["net_ops"] > 400  # 53 conv+BN layers, forward and backward
+    assert rows[2]["output_ops"] > 2 * rows[1]["output_ops"]
+    assert all(r["ratio_to_protobuf_copy"] > 0 for r in rows.values())
