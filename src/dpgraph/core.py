@@ -10,7 +10,11 @@ from dpgraph.ir.analysis import (
 from dpgraph.ir.blob import BlobReference, GradientSlice, ScopedBlobReference, ScopedName
 from dpgraph.ir.device import DeviceOption, IsGPUDeviceType, device_equal, device_option_equal
 from dpgraph.ir.net import Net, clone_and_bind_net
-from dpgraph.ir.operator import CreateOperator, _RectifyInputOutput, output_to_list
+from dpgraph.ir.operator import (
+    CreateOperator,
+    _RectifyInputOutput,
+    output_to_list,
+)
 from dpgraph.ir.plan import ExecutionStep, Plan, execution_step, scoped_execution_step
 from dpgraph.ir.registry import OPERATORS
 from dpgraph.ir.scope import DeviceScope, EmptyDeviceScope, EmptyNameScope, NameScope
@@ -57,8 +61,9 @@ __all__ = [
     "InjectCrossDeviceCopies", "IsGPUDeviceType", "IsOperator", "IsOperatorWithEngine",
     "NameScope", "Net",
     "RefreshRegisteredOperators", "RegisteredOperators", "ScopedBlobReference", "ScopedName",
-    "_RectifyInputOutput", "clone_and_bind_net", "device_equal", "device_option_equal", "get_op_ids_in_path",
-    "get_output_producers", "get_ssa", "get_undefined_blobs", "output_to_list",
+    "_RectifyInputOutput", "clone_and_bind_net", "device_equal", "device_option_equal",
+    "get_op_ids_in_path", "get_output_producers", "get_ssa", "get_undefined_blobs",
+    "output_to_list",
 ]
 
 # --- gradients (dpgraph.autodiff) -----------------------------------------------------------

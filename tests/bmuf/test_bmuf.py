@@ -221,3 +221,25 @@ def test_errors_leave_model_unchanged() -> None:
     with pytest.raises(ParallelizeError, match="master_device"):
         bmuf.Parallelize_CPU_BMUF(model, lambda m: None, forward, sgd_update, devices=[0, 1],
                                   master_device=5)
+
+
+def test_optimize_gradient_memory_gives_same_params() -> None:
+    from dpgraph.memory.dpm import install_memory_hooks
+
+    install_memory_hooks()
+    results = []
+    for optimize in (False, True):
+        workspace.ResetWorkspace()
+        model = _build(False, [0, 1], optimize_gradient_memory=optimize)
+        RunInitNet(model)
+        for d in (0, 1):       # identical starting params, whatever the init RNG did
+            workspace.FeedBlob(f"cpu_{d}/fc_w", np.linspace(-1, 1, 16, dtype=F32)[None])
+        workspace.RunNetOnce(model._global_model_init_net)
+        RunNet(model, 3)
+        names = ["cpu_0/fc_w", "cpu_1/fc_w", "cpu_0/fc_b", "cpu_0/fc_w_v", "cpu_0/fc_b_g"]
+        results.append((model, {n: fetch(n) for n in names}))
+    (plain, want), (optimized, got) = results
+    for name in want:
+        assert want[name].tobytes() == got[name].tobytes(), name
+    shared = [b for op in optimized.net.Proto().op for b in op.output if "__m" in b]
+    assert shared and not any("__m" in b for op in plain.net.Proto().op for b in op.output)

@@ -151,17 +151,17 @@ def test_blob_reference_op_call() -> None:
     assert list(net.Proto().op[1].input) == ["y", "x"]
     assert str(z) == "z"
     with pytest.raises(AttributeError):
-        x.__array__  # noqa: B018
+        _ = x.__array__
     with pytest.raises(AttributeError):
-        x.NotARealOperatorXyz
+        _ = x.NotARealOperatorXyz
     with pytest.raises(AttributeError):  # [late]: unbound reference -> AttributeError
-        core.BlobReference("free").Relu
+        _ = core.BlobReference("free").Relu
 
 
 def test_blob_reference_unknown_op_did_you_mean() -> None:
     x = core.BlobReference("x", core.Net("dym"))
     with pytest.raises(AttributeError, match="Did you mean"):
-        x.Rel
+        _ = x.Rel
 
 
 # --- _RectifyInputOutput --------------------------------------------------------------------
@@ -258,7 +258,7 @@ def test_make_argument_lists() -> None:
     devs = [core.DeviceOption(1, 0)]
     assert list(ma("a", devs).strings) == [devs[0].SerializeToString()]
     empty = ma("a", [])
-    assert empty.name == "a" and empty.ListFields() == [("name" and empty.ListFields()[0])]
+    assert empty.name == "a" and len(empty.ListFields()) == 1  # only the name is set
     assert list(ma("a", np.array([1, 2], dtype=np.float32)).floats) == [1.0, 2.0]
     assert list(ma("a", np.array([[1, 2]], dtype=np.int64)).ints) == [1, 2]
     assert list(ma("a", np.array([1.0], dtype=np.float64)).floats) == [1.0]

@@ -378,3 +378,26 @@ def test_cnn_fc_runs() -> None:
     workspace.RunNetOnce(model.net)
     assert workspace.FetchBlob("fc").shape == (4, 2)
     workspace.ResetWorkspace()
+
+
+def test_complete_net_ops_compare_equal() -> None:
+    model = _model()
+    conv = brew.conv(model, "input", "conv", dim_in=3, dim_out=16,
+                     weight_init=("MSRAFill", {}), kernel=3, stride=1, pad=0)
+    conv = brew.max_pool(model, conv, "conv_pool", kernel=2, stride=2)
+    brew.relu(model, conv, "conv_relu")
+    model.net.Proto().type = "async_scheduling"
+    complete = model.GetCompleteNet()
+    model2 = _model()
+    model2.ConstructInitTrainNetfromNet(complete)
+    assert model2.net.Proto().type == "async_scheduling"
+    init1, init2 = model.param_init_net.Proto().op, model2.param_init_net.Proto().op
+    assert len(init1) == len(init2) == 2
+    for op1, op2 in zip(init1, init2):
+        expected = caffe2_pb2.OperatorDef()
+        expected.CopyFrom(op1)
+        expected.debug_info = op1.debug_info + "/param_init_net"
+        assert expected == op2
+    assert list(model.net.Proto().op) == list(model2.net.Proto().op)
+    assert sorted(map(str, model.net.external_inputs)) == sorted(
+        map(str, model2.net.external_inputs))

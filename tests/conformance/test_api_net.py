@@ -209,6 +209,9 @@ def test_clone() -> None:
     assert list(clone.Proto().op[1].input) == ["yy"]
     assert list(clone.Proto().external_output) == ["zz"]
     assert clone.get_attributes("k") == [1]
+    seen: list[str] = []
+    net.Clone(_uniq("rf"), remap_funcs={"Relu": lambda op, prefix, remap: seen.append(prefix)})
+    assert len(seen) == 1 and seen[0].startswith("rf_c") and seen[0].endswith("/")
     masked = net.Clone(_uniq("m"), op_id_mask=[1, 0])
     assert [op.type for op in masked.Proto().op] == ["Sigmoid", "Relu"]
     again = net.Clone(name)
@@ -268,6 +271,7 @@ def test_const() -> None:
         out = net.Const(array)
         op = net.Proto().op[-1]
         assert op.type == op_type and isinstance(out, core.BlobReference)
+        assert str(out).startswith(f"{net.Name()}/{op_type}")
         args = {a.name: a for a in op.arg}
         assert list(args["shape"].ints) == list(array.shape)
     out = net.Const(True, blob_out="flag")

@@ -49,7 +49,7 @@ def test_namescope_rejects_non_string() -> None:
 def test_namescope_restored_after_exception() -> None:
     with pytest.raises(ZeroDivisionError):
         with scope.NameScope("boom"):
-            1 / 0
+            _ = 1 / 0
     assert scope.CurrentNameScope() == ""
 
 
@@ -94,6 +94,8 @@ def test_device_scope_extra_info_merged_sorted() -> None:
     with scope.DeviceScope(outer):
         with scope.DeviceScope(core.DeviceOption(caffe2_pb2.CPU, extra_info=["a"])):
             assert list(scope.CurrentDeviceScope().extra_info) == ["a", "b", "z"]
+        with scope.DeviceScope(core.DeviceOption(caffe2_pb2.CPU, extra_info=["b"])):
+            assert list(scope.CurrentDeviceScope().extra_info) == ["b", "b", "z"]
 
 
 def test_empty_scopes() -> None:

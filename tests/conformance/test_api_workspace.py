@@ -178,7 +178,7 @@ def test_run_net_unknown_and_allow_fail() -> None:
     assert workspace.GetNetName(created.Proto()) == created.Name()
     net = _net(("Relu", ["x"], ["y"]))
     workspace.CreateNet(net)  # x missing at run time
-    with pytest.raises(Exception):
+    with pytest.raises(RuntimeError, match="x"):
         workspace.RunNet(net)
     assert workspace.RunNet(net, allow_fail=True) is False
 
@@ -194,7 +194,7 @@ def test_run_net_once_operator_once() -> None:
     assert workspace.RunOperatorOnce(op) is True
     assert workspace.RunOperatorsOnce([op, core.CreateOperator("Relu", "z", "w")]) is True
     np.testing.assert_array_equal(workspace.FetchBlob("w"), [0.0, 3.0])
-    with pytest.raises(Exception):
+    with pytest.raises(RuntimeError, match="missing"):
         workspace.RunOperatorOnce(core.CreateOperator("Relu", "missing", "q"))
 
 

@@ -393,10 +393,15 @@ def test_instance_norm_and_layer_norm_names() -> None:
     model = ModelHelper(name="m")
     brew.instance_norm(model, "x", "inorm", 4)
     assert {"inorm_s", "inorm_b"} <= {str(p) for p in model.params}
-    brew.layer_norm(model, "x", "ln", 4)
+    outs = brew.layer_norm(model, "x", "ln", 4)
+    assert [str(o) for o in outs] == ["ln", "ln_mean", "ln_std"]
     assert {"ln_scale", "ln_bias"} <= {str(p) for p in model.params}
+    assert _init_op(model, "ln_scale").type == "ConstantFill"
     op = _ops(model.net, "LayerNorm")[0]
-    assert list(op.output)[1:] == ["ln_mean", "ln_std"]
+    assert list(op.input) == ["x", "ln_scale", "ln_bias"]
+    assert list(op.output) == ["ln", "ln_mean", "ln_std"]
+    assert _args(op)["elementwise_affine"] == 1
+    assert _args(op)["epsilon"] == pytest.approx(1e-4)
 
 
 # --- nonlinearity ------------------------------------------------------------------------
@@ -580,3 +585,19 @@ def test_loop_that_never_runs() -> None:
     workspace.FeedBlob("one", np.array([1.0], np.float32))
     workspace.RunNetOnce(model.net)
     assert workspace.FetchBlob("acc").tolist() == [5.0]
+
+
+def test_layer_norm_trains() -> None:
+    model = ModelHelper(name="m")
+    normed, _, _ = brew.layer_norm(model, "x", "ln", 4, initial_scale=2.0, initial_bias=0.5)
+    loss = model.net.SumElements(model.net.Sqr(normed, "sq"), "loss")
+    model.AddGradientOperators([loss])
+    x = np.random.rand(3, 4).astype(np.float32)
+    workspace.FeedBlob("x", x)
+    workspace.RunNetOnce(model.param_init_net)
+    workspace.RunNetOnce(model.net)
+    z = (x - x.mean(axis=1, keepdims=True)) / np.sqrt(x.var(axis=1, keepdims=True) + 1e-4)
+    np.testing.assert_allclose(workspace.FetchBlob("ln"), 2.0 * z + 0.5, rtol=1e-4,
+                               atol=1e-5)
+    np.testing.assert_allclose(workspace.FetchBlob("ln_bias_grad"),
+                               (2 * (2.0 * z + 0.5)).sum(axis=0), rtol=1e-4, atol=1e-4)

@@ -154,3 +154,17 @@ def test_peak_bytes_sweep() -> None:
     sizes["c"] = 30
     assert _peak(proto, proto, sizes) == 60
     assert _peak(proto, freed, sizes) == 50           # a is freed before c is written
+
+
+def test_recycling_keeps_each_devices_head() -> None:
+    """Predictions and losses of every device survive activation recycling."""
+
+    def optimize(model: Any) -> None:
+        OptimizeGradientMemory(model, {}, [], True)
+
+    model, _ = _train(False, after=optimize, iters=1)
+    outputs = {b for op in model.net.Proto().op for b in op.output}
+    for d in (0, 1):
+        for name in ("out", "dist", "loss", "loss_scaled"):
+            assert f"cpu_{d}/{name}" in outputs, (d, name)
+        assert f"cpu_{d}/fc0" not in outputs          # early activations were recycled

@@ -171,8 +171,8 @@ def test_norm_helpers() -> None:
     gn = model.net.Proto().op[0]
     assert gn.type == "GroupNorm" and list(gn.output) == ["gn", "gn_mean", "gn_std"]
     assert "order" not in _args(gn) or _args(gn)["order"] == "NCHW"
-    biased, mean, std = brew.layer_norm(model, "y", "ln", 6)
-    assert (str(biased), str(mean), str(std)) == ("ln_biased", "ln_mean", "ln_std")
+    normed, mean, std = brew.layer_norm(model, "y", "ln", 6)
+    assert (str(normed), str(mean), str(std)) == ("ln", "ln_mean", "ln_std")
     assert [str(p) for p in model.weights] == ["gn_s", "ln_scale"]
     brew.instance_norm(model, "z", "in", 3)
     assert list(model.net.Proto().op[-1].output) == ["in", "in_sm", "in_siv"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import threading
 import traceback
 from collections import defaultdict
@@ -158,12 +159,12 @@ class Net:
         # Caffe2 returns unbound references here (its _get_blob_ref never passes the net).
         names = [blob_name(i, "external input") for i in inputs]
         refs = [BlobReference(n) for n in names]
-        existing = set(self._net.external_input)
+        self._lookup()
         for name in names:
-            if name in existing or names.count(name) > 1:
+            if name in self._external_input_map or names.count(name) > 1:
                 raise NetError(f"Net already contains an input named {name}")
         self._net.external_input.extend(names)
-        self._recreate_lookup_tables = True
+        self._external_input_map.update(names)  # keep the tables valid: no O(net) rescan
         return refs[0] if len(refs) == 1 else refs
 
     AddExternalInputs = AddExternalInput
@@ -232,7 +233,7 @@ class Net:
                     raise NetError(f"Blob {blob} claims to come from this net but is undefined.")
                 self.AddExternalInput(blob)
         self._ExtendOps([op])
-        operator_tracebacks[self.Name()][len(self._net.op) - 1] = traceback.format_stack()[:-2]
+        operator_tracebacks[self.Name()][len(self._net.op) - 1] = _creation_stack()
         refs = [BlobReference(str(o), self) for o in outputs]
         if not refs:
             return None
@@ -274,7 +275,7 @@ class Net:
             op.CopyFrom(self._net.op[index])
             _rename_op(op, rename)
             if remap_funcs and op.type in remap_funcs:
-                remap_funcs[op.type](op, "", remap)
+                remap_funcs[op.type](op, name + "/" if name else "", remap)
         for field in ("external_input", "external_output"):
             renamed = [rename(b) for b in getattr(proto, field)]
             del getattr(proto, field)[:]
@@ -439,6 +440,18 @@ class Net:
     @property
     def name_scope(self) -> str:  # convenience for debugging output
         return scope.CurrentNameScope()
+
+
+def _creation_stack() -> list[str]:
+    """The caller's stack as ``File "f", line n, in fn`` lines, without reading source
+    files (traceback.format_stack stats and reads every file: ~0.3 ms per op)."""
+    frame = sys._getframe(2)
+    lines = []
+    while frame is not None:
+        code = frame.f_code
+        lines.append(f'  File "{code.co_filename}", line {frame.f_lineno}, in {code.co_name}\n')
+        frame = frame.f_back
+    return lines[::-1]
 
 
 def _rename_op(op: caffe2_pb2.OperatorDef, rename: Callable[[str], str]) -> None:

@@ -63,7 +63,7 @@ def DeviceScope(
     """Give ops created inside the block the device option ``scope``.
 
     An outer scope's ``node_name`` is inherited when ``scope`` has none, and its
-    ``extra_info`` entries are merged in (sorted), as in late Caffe2.
+    ``extra_info`` entries are appended and the list sorted, as in late Caffe2.
     """
     new_scope = caffe2_pb2.DeviceOption()
     if scope is not None:
@@ -81,8 +81,8 @@ def DeviceScope(
     if old is not None:
         if old.node_name and not new_scope.node_name:
             new_scope.node_name = old.node_name
-        if old.extra_info:
-            merged = sorted(set(new_scope.extra_info) | set(old.extra_info))
+        if old.extra_info:  # appended, then sorted (duplicates kept), as in Caffe2
+            merged = sorted([*new_scope.extra_info, *old.extra_info])
             del new_scope.extra_info[:]
             new_scope.extra_info.extend(merged)
     token = _devicescope.set(new_scope)

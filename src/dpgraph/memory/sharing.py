@@ -140,14 +140,20 @@ def plan_slots(ops: OpList, candidates: Iterable[str], sizes: Mapping[str, int] 
 
 
 def _pick(eligible: list[int], capacity: list[int], size: int, sized: bool) -> int | None:
+    """Best fit among buffers at most twice the blob's size; else grow the largest smaller
+    buffer; else a new buffer (a small blob parked in a much larger buffer would force the
+    next large blob into a new one)."""
     if not eligible:
         return None
-    if not sized:
+    if not sized or size <= 0:
         return eligible[-1]
-    fitting = [s for s in eligible if capacity[s] >= size]
-    if fitting:
-        return min(fitting, key=lambda s: (capacity[s], -s))
-    return max(eligible, key=lambda s: (capacity[s], s))
+    snug = [s for s in eligible if size <= capacity[s] <= 2 * size]
+    if snug:
+        return min(snug, key=lambda s: (capacity[s], -s))
+    smaller = [s for s in eligible if capacity[s] < size]
+    if smaller:
+        return max(smaller, key=lambda s: (capacity[s], s))
+    return None
 
 
 def _check(original: caffe2_pb2.NetDef, optimized: caffe2_pb2.NetDef, what: str) -> None:
@@ -199,12 +205,21 @@ def _sizes_from_shapes(shapes: Mapping[str, Any] | None) -> dict[str, int] | Non
     return {str(k): int(math.prod(int(d) for d in v)) for k, v in shapes.items()}
 
 
+_AUTOSPLIT = re.compile(r"_grad(_indices|_values)?_autosplit_\d+$")
+
+
+def _is_grad_name(blob: str) -> bool:
+    """``x_grad``, or a partial gradient autodiff sums into one (``_x_grad_autosplit_0``)."""
+    return blob.endswith("_grad") or _AUTOSPLIT.search(blob) is not None
+
+
 def _forward_activations(ops: OpList, namescope: str, params: set[str]) -> set[str]:
     """Forward-pass outputs under ``namescope``, except the model's head: the outputs of
     the last op reading a param and of every forward op after it (predictions and losses
     are usually fetched by the caller)."""
     first_grad = next((i for i, op in enumerate(ops) if op.is_gradient_op), len(ops))
-    forward = ops[:first_grad]
+    forward = [op for op in ops[:first_grad]
+               if any(b.startswith(namescope) for b in op.output)]
     param_ops = [i for i, op in enumerate(forward) if any(b in params for b in op.input)]
     head_start = param_ops[-1] if param_ops else len(forward) - 1
     return {b for i, op in enumerate(forward) if i < head_start for b in op.output
@@ -218,8 +233,9 @@ def share_grad_blobs(net: Any, losses: Iterable[Any], param_grads: Iterable[Any]
     """Share the buffers of gradient blobs (and, with ``share_activations``, forward
     activations) under ``namescope``; returns a new NetDef (``net`` is not changed).
 
-    Gradient blobs are names ending ``_grad`` that start with the namescope (or with
-    ``"_" + namescope``, the autosplit form), param gradients excepted.  Shared blobs are
+    Gradient blobs are names ending ``_grad`` (or autodiff's partial gradients,
+    ``..._grad_autosplit_<k>``) that start with the namescope (or with ``"_" + namescope``,
+    the autosplit form), param gradients excepted.  Shared blobs are
     renamed ``{namescope}__m{N}_shared``.  Raises :class:`MemongerError` if the result
     would not be equivalent (graph equality, in-place pairs).
     """
@@ -231,7 +247,7 @@ def share_grad_blobs(net: Any, losses: Iterable[Any], param_grads: Iterable[Any]
             | _blob_names(dont_share_blobs))
     ops = list(original.op)
     candidates = {b for op in ops for b in list(op.input) + list(op.output)
-                  if b.endswith("_grad") and (b.startswith(ns) or b.startswith("_" + ns))}
+                  if _is_grad_name(b) and (b.startswith(ns) or b.startswith("_" + ns))}
     if share_activations:
         candidates |= _forward_activations(ops, ns, params)
     slots = plan_slots(ops, candidates - keep, _sizes_from_shapes(blob_shapes), dag=True)

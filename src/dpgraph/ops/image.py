@@ -16,6 +16,16 @@ import numpy as np
 from dpgraph.errors import NotSupportedError
 from dpgraph.ir.arguments import arguments_dict
 from dpgraph.ir.registry import register_gradient, register_op
+from dpgraph.ops._conv_util import (
+    channel_first,
+    channel_last,
+    check_order,
+    col2im,
+    inner_slices,
+    pad_spatial,
+    parse_geometry,
+    window_view,
+)
 from dpgraph.ops.context import OpContext, Outputs
 from dpgraph.ops.gradient_builder import GradientBuilder
 from dpgraph.ops.optim import host
@@ -400,3 +410,88 @@ def sinusoid_position_encoding(ctx: OpContext) -> Outputs:
     row = (amplitude * np.sin(angles.astype(np.float32))).astype(np.float32)
     return (np.ascontiguousarray(np.broadcast_to(row[:, None, :], (*positions.shape, size))),)
 
+
+
+# --- LC (locally connected) ------------------------------------------------------------------
+def _lc_setup(ctx: OpContext, x: Any, w: Any) -> tuple[Any, Any, Any, tuple[int, ...], str]:
+    """(geometry, padded channel-first X, filter as (P, M, C·K), output size, order)."""
+    order = check_order(ctx)
+    xc = channel_first(x, order)
+    spatial = tuple(xc.shape[2:])
+    nd = len(spatial)
+    if w.ndim != 2 * nd + 2:
+        raise ctx.fail(f"filter {tuple(w.shape)} must have {2 * nd + 2} dims: output size, "
+                       "M, C and kernel")
+    kernel = tuple(w.shape[nd + 1:2 * nd + 1] if order == "NHWC" else w.shape[nd + 2:])
+    geom = parse_geometry(ctx, spatial, kernel)
+    if geom.group != 1:
+        raise NotSupportedError(ctx.describe("grouped locally connected layers"))
+    out = geom.out_shape(spatial)
+    filt = w if order == "NCHW" else ctx.xp.moveaxis(w, -1, nd + 1)
+    if tuple(filt.shape) != (*out, filt.shape[nd], xc.shape[1], *geom.kernel):
+        raise ctx.fail(f"filter {tuple(w.shape)} does not match output {out}, "
+                       f"{xc.shape[1]} channels and kernel {geom.kernel}")
+    flat = filt.reshape(math.prod(out), filt.shape[nd], -1)
+    return geom, pad_spatial(ctx.xp, xc, geom), flat, out, order
+
+
+def _lc_columns(ctx: OpContext, padded: Any, geom: Any, out: tuple[int, ...]) -> Any:
+    n, c = padded.shape[:2]
+    cols = window_view(ctx.xp, padded, geom, out)
+    return ctx.xp.ascontiguousarray(cols).reshape(n, c * math.prod(geom.kernel),
+                                                  math.prod(out))
+
+
+def _lc_forward(ctx: OpContext) -> Outputs:
+    """[X, filter (*out, M, C, *kernel), bias (*out, M)?] -> Y: a convolution whose filter
+    differs at every output position."""
+    x, w = ctx.inputs[0], ctx.inputs[1]
+    geom, padded, flat, out, order = _lc_setup(ctx, x, w)
+    cols = _lc_columns(ctx, padded, geom, out)
+    y = ctx.xp.einsum("nqp,pmq->nmp", cols, flat)
+    if ctx.num_inputs > 2:
+        y = y + ctx.inputs[2].reshape(flat.shape[0], flat.shape[1]).T[None]
+    y = y.reshape(x.shape[0], flat.shape[1], *out).astype(x.dtype)
+    return (channel_last(y, order, ctx.xp),)
+
+
+def _lc_backward(ctx: OpContext) -> Outputs:
+    """[X, filter, dY] -> [dfilter(, dbias), dX]."""
+    x, w, dy = ctx.inputs
+    xp = ctx.xp
+    geom, padded, flat, out, order = _lc_setup(ctx, x, w)
+    cols = _lc_columns(ctx, padded, geom, out)
+    dyf = channel_first(dy, order).reshape(x.shape[0], flat.shape[1], -1)
+    dflat = xp.einsum("nmp,nqp->pmq", dyf, cols)
+    nd = len(out)
+    dfilt = dflat.reshape(*out, flat.shape[1], padded.shape[1], *geom.kernel)
+    dw = dfilt if order == "NCHW" else xp.moveaxis(dfilt, nd + 1, -1)
+    dcols = xp.einsum("pmq,nmp->nqp", flat, dyf)
+    dcols = dcols.reshape(x.shape[0], padded.shape[1], *geom.kernel, *out)
+    dpadded = col2im(xp, dcols, geom, out, tuple(padded.shape[2:]))
+    dx = channel_last(dpadded[inner_slices(geom, tuple(padded.shape[2:]))]
+                      if any(geom.pad_head) or any(geom.pad_tail) else dpadded, order, xp)
+    outs = [xp.ascontiguousarray(dw).astype(w.dtype)]
+    if not ctx.int_arg("no_bias", 0):
+        outs.append(dyf.sum(axis=0).T.reshape(*out, flat.shape[1]).astype(w.dtype))
+    outs.append(xp.ascontiguousarray(dx).astype(x.dtype))
+    if ctx.num_outputs != len(outs):
+        raise ctx.fail(f"expects {len(outs)} outputs (dfilter, dbias unless no_bias, dX), "
+                       f"got {ctx.num_outputs}")
+    return outs
+
+
+def _lc_grad_maker(grad_type: str) -> Any:
+    def maker(g: GradientBuilder) -> None:
+        if len(g.op.input) == 3:
+            g.add(grad_type, [g.I(0), g.I(1), g.GO(0)], [g.GI(1), g.GI(2), g.GI(0)])
+        else:
+            g.add(grad_type, [g.I(0), g.I(1), g.GO(0)], [g.GI(1), g.GI(0)], no_bias=1)
+
+    return maker
+
+
+for _lc_type in ("LC", "LC1D", "LC2D", "LC3D"):
+    register_op(_lc_type, inputs=(2, 3), outputs=1)(_lc_forward)
+    register_op(_lc_type + "Gradient", inputs=3, outputs=(2, 3))(_lc_backward)
+    register_gradient(_lc_type)(_lc_grad_maker(_lc_type + "Gradient"))

@@ -159,7 +159,7 @@ def Synchronize(model: Any, timeout_sec: float | None = None) -> None:
     """Deprecated explicit barrier across hosts; a no-op on one host."""
     warnings.warn("The Synchronize API has been deprecated. We now have a barrier net "
                   "which runs before training to ensure all hosts wait before training.",
-                  category=DeprecationWarning, stacklevel=2)
+                  category=DeprecationWarning, stacklevel=3)
     if not is_distributed(getattr(model, "_rendezvous", None)):
         return
     if timeout_sec is None:

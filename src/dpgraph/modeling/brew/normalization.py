@@ -107,13 +107,8 @@ def spatial_gn(model: Any, blob_in: Any, blob_out: Any, dim_in: int, init_scale:
 def layer_norm(model: Any, blob_in: Any, blob_out: Any, dim_in: Any, axis: int = 1,
                epsilon: float = 1e-4, initial_scale: float = 1.0, initial_bias: float = 0.0
                ) -> tuple[Any, Any, Any]:
-    """LayerNorm, then Mul by ``<out>_scale`` and Add ``<out>_bias`` (broadcast on axis).
-
-    Returns ``(biased, mean, std)``.
-    """
-    normalized, mean, std = model.net.LayerNorm(
-        blob_in, [blob_out + "_normalized", blob_out + "_mean", blob_out + "_std"],
-        axis=axis, epsilon=epsilon)
+    """``LayerNorm([in, <out>_scale, <out>_bias], [<out>, <out>_mean, <out>_std],
+    elementwise_affine=True)`` (Caffe2's late form); returns the three outputs."""
     shape = [dim_in] if isinstance(dim_in, int) else dim_in
     scale = model.create_param(param_name=f"{blob_out}_scale", shape=shape,
                                initializer=Initializer("ConstantFill", value=initial_scale),
@@ -121,9 +116,10 @@ def layer_norm(model: Any, blob_in: Any, blob_out: Any, dim_in: Any, axis: int =
     bias = model.create_param(param_name=f"{blob_out}_bias", shape=shape,
                               initializer=Initializer("ConstantFill", value=initial_bias),
                               tags=ParameterTags.BIAS)
-    scaled = model.net.Mul([normalized, scale], [f"{blob_out}_scaled"], broadcast=1, axis=axis)
-    biased = model.net.Add([scaled, bias], [f"{blob_out}_biased"], broadcast=1, axis=axis)
-    return biased, mean, std
+    normalized, mean, std = model.net.LayerNorm(
+        [blob_in, scale, bias], [blob_out, blob_out + "_mean", blob_out + "_std"],
+        axis=axis, epsilon=epsilon, elementwise_affine=True)
+    return normalized, mean, std
 
 
 def moments_with_running_stats(model: Any, blob_in: Any, blob_out: Any, dim_in: int,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dpgraph.errors import ModelConfigError, NotSupportedError
+from dpgraph.errors import ModelConfigError
 from dpgraph.ir.blob import GradientSlice
 from dpgraph.modeling.optimizer.base import Optimizer, current_device, reject_lars
 from dpgraph.modeling.parameter_info import ParameterInfo
@@ -69,7 +69,7 @@ class AdagradOptimizer(Optimizer):
                 "ensure that rowWise is not enabled for the dense Adagrad optimizer.")
         if isinstance(grad, GradientSlice):
             if self.decay != 1.0:
-                raise NotSupportedError(
+                raise ModelConfigError(
                     "Decay is not implemented for SparseAdagrad and must be set to 1")
             grad = self.dedup(net, self.sparse_dedup_aggregator, grad)
             op = "RowWiseSparseAdagrad" if self.rowWise else "SparseAdagrad"
@@ -153,7 +153,7 @@ class RmsPropOptimizer(Optimizer):
         if self.alpha <= 0:
             raise ModelConfigError(f"RmsPropOptimizer: alpha must be positive, got {self.alpha}")
         if isinstance(grad, GradientSlice):
-            raise NotSupportedError("RmsPropOptimizer doesn't support sparse gradients")
+            raise ModelConfigError("RmsPropOptimizer doesn't support sparse gradients")
         dev = current_device()
         one = param_init_net.ConstantFill(
             [], f"ONE_{dev.device_type}_{dev.device_id}", shape=[1], value=1.0)

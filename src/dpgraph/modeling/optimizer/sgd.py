@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dpgraph.errors import ModelConfigError, NotSupportedError
+from dpgraph.errors import ModelConfigError
 from dpgraph.ir.blob import GradientSlice
 from dpgraph.modeling.optimizer.base import Optimizer, current_device, reject_lars
 from dpgraph.modeling.parameter_info import ParameterInfo
@@ -24,7 +24,7 @@ class SgdOptimizer(Optimizer):
     """``param -= lr * grad`` (WeightedSum), or MomentumSGDUpdate when momentum > 0."""
 
     def __init__(self, base_learning_rate: float = 0.01, policy: str = "fixed",
-                 momentum: float = 0.0, nesterov: Any = 1, sparse_dedup_aggregator: Any = None,
+                 momentum: float = 0.0, nesterov: Any = True, sparse_dedup_aggregator: Any = None,
                  lars: Any = None, **kwargs: Any) -> None:
         super().__init__()
         reject_lars("SgdOptimizer", lars)
@@ -79,7 +79,7 @@ class MultiPrecisionSgdOptimizer(SgdOptimizer):
     """Momentum SGD on the fp32 master copy of an fp16 param, then FloatToHalf."""
 
     def __init__(self, base_learning_rate: float = 0.1, momentum: float = 0.0,
-                 policy: str = "fixed", nesterov: Any = 1, sparse_dedup_aggregator: Any = None,
+                 policy: str = "fixed", nesterov: Any = True, sparse_dedup_aggregator: Any = None,
                  **kwargs: Any) -> None:
         super().__init__(base_learning_rate=base_learning_rate, policy=policy,
                          momentum=momentum, nesterov=nesterov,
@@ -101,7 +101,7 @@ class MultiPrecisionSgdOptimizer(SgdOptimizer):
                                                     value=0.0)
         self._aux_params.local.append(momentum_data)
         if isinstance(grad, GradientSlice):
-            raise NotSupportedError("MultiPrecisionSgd does not support sparse gradients")
+            raise ModelConfigError("MultiPrecisionSgd does not support sparse gradients")
         grad_fp32 = net.HalfToFloat(grad, grad + "_fp32")
         net.MomentumSGDUpdate([grad_fp32, momentum_data, lr, param_fp32],
                               [grad_fp32, momentum_data, param_fp32],
@@ -114,7 +114,7 @@ class FP16SgdOptimizer(SgdOptimizer):
     """Momentum SGD with weight decay through FP16/FP32MomentumSGDUpdate."""
 
     def __init__(self, base_learning_rate: float = 0.1, momentum: float = 0.0,
-                 policy: str = "fixed", nesterov: Any = 1, weight_decay: float = 0.0001,
+                 policy: str = "fixed", nesterov: Any = True, weight_decay: float = 0.0001,
                  sparse_dedup_aggregator: Any = None, **kwargs: Any) -> None:
         super().__init__(base_learning_rate=base_learning_rate, policy=policy,
                          momentum=momentum, nesterov=nesterov,
@@ -150,7 +150,7 @@ class FP16SgdOptimizer(SgdOptimizer):
         momentum = param_init_net.FloatToHalf(momentum_fp32, str(param) + "_momentum")
         self._aux_params.local.append(momentum)
         if isinstance(grad, GradientSlice):
-            raise NotSupportedError("FP16Sgd does not support sparse gradients")
+            raise ModelConfigError("FP16Sgd does not support sparse gradients")
         if not fp32_flag:
             net.FP16MomentumSGDUpdate([grad, momentum, lr, param], [grad, momentum, param],
                                       momentum=self.momentum, nesterov=self.nesterov,
@@ -176,5 +176,5 @@ class WeightDecayBuilder(Optimizer):
         wd = param_init_net.ConstantFill(
             [], f"wd_{dev.device_type}_{dev.device_id}", shape=[1], value=self.weight_decay)
         if isinstance(param_info.grad, GradientSlice):
-            raise NotSupportedError("Weight decay does not yet support sparse gradients")
+            raise ModelConfigError("Weight decay does not yet support sparse gradients")
         net.WeightedSum([param_info.grad, one, param_info.blob, wd], param_info.grad)
