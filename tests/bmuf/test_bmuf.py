@@ -243,3 +243,18 @@ def test_optimize_gradient_memory_gives_same_params() -> None:
         assert want[name].tobytes() == got[name].tobytes(), name
     shared = [b for op in optimized.net.Proto().op for b in op.output if "__m" in b]
     assert shared and not any("__m" in b for op in plain.net.Proto().op for b in op.output)
+
+
+def test_data_parallel_model_facade() -> None:
+    from dpgraph import data_parallel_model
+
+    model = model_helper.ModelHelper(name="bmuf_facade")
+    data_parallel_model.Parallelize_CPU_BMUF(model, lambda m: None, forward, sgd_update,
+                                             devices=[0, 1], block_momentum=0.25)
+    _feed([0, 1], False, "cpu")
+    data_parallel_model.RunInitNet(model)
+    data_parallel_model.RunNet(model, 2)
+    np.testing.assert_array_equal(fetch("cpu_1/fc_w"), fetch("cpu_0/fc_w_g"))
+    scales = [op for op in model._global_model_param_updates_net.Proto().op
+              if op.type == "Scale" and op.input[0].endswith("_v")]
+    assert {a.f for op in scales for a in op.arg if a.name == "scale"} == {0.25}

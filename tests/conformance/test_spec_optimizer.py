@@ -94,9 +94,13 @@ def test_builder_signatures() -> None:
     assert list(params(optimizer.add_weight_decay)) == ["model", "weight_decay"]
     sgd = params(optimizer.SgdOptimizer)
     assert (sgd["base_learning_rate"], sgd["policy"], sgd["momentum"]) == (0.01, "fixed", 0.0)
-    assert sgd["nesterov"] and sgd["sparse_dedup_aggregator"] is None and sgd["lars"] is None
+    assert sgd["nesterov"] is True  # [late] default (2018: 1)
+    assert sgd["sparse_dedup_aggregator"] is None and sgd["lars"] is None
     mp = params(optimizer.MultiPrecisionSgdOptimizer)
     assert (mp["base_learning_rate"], mp["momentum"], mp["policy"]) == (0.1, 0.0, "fixed")
+    assert mp["nesterov"] is True
+    assert callable(optimizer.build_yellowfin) and callable(optimizer.build_rms_prop)
+    assert callable(optimizer.build_ftrl)
     ada = params(optimizer.AdagradOptimizer)
     assert (ada["alpha"], ada["epsilon"], ada["decay"], ada["policy"]) == (
         0.01, 1e-4, 1, "fixed")
@@ -433,3 +437,28 @@ def test_model_iter_counter() -> None:
     assert init.device_option.device_type == CPU
     op = _ops(model.net, "Iter")[0]
     assert list(op.input) == ["cpu_0/ITER"] and list(op.output) == ["cpu_0/ITER"]
+
+
+def _sparse_model() -> ModelHelper:
+    model = ModelHelper(name="sparse")
+    emb = model.param_init_net.UniformFill([], "emb", shape=[10, 3])
+    model.AddParameter(emb, tags="WEIGHT")
+    model.weights.append(emb)
+    rows = model.net.Gather([emb, "idx"], "rows")
+    model.AddGradientOperators([model.net.SumElements(rows, "loss")])
+    return model
+
+
+def test_sparse_unsupported_raise_like_caffe2() -> None:
+    with pytest.raises(ValueError):  # WeightDecayBuilder raises ValueError
+        optimizer.add_weight_decay(_sparse_model(), 0.1)
+    for build, kwargs in [(optimizer.build_rms_prop, {}),
+                          (optimizer.build_adagrad, {"decay": 0.5})]:
+        with pytest.raises(AssertionError):  # Caffe2 asserts
+            build(_sparse_model(), 0.1, **kwargs)
+
+
+def test_sgd_momentum_nesterov_default_arg() -> None:
+    model = _model()
+    optimizer.build_sgd(model, 0.1, momentum=0.9)
+    assert _args(_ops(model.net, "MomentumSGDUpdate")[0])["nesterov"] == 1

@@ -120,3 +120,9 @@ def test_inject_cross_device_copies() -> None:
     assert list(new.op[2].input) == ["y_gpu_1"] and list(new.op[3].input) == ["y_gpu_1"]
     assert devices["y_gpu_1"].device_id == 1
     assert len(proto.op) == 3
+
+
+def test_verifier_does_not_check_cpu_device_scopes() -> None:
+    proto = net_of(("Sum", ["cpu_0/g", "cpu_1/g"], ["cpu_0/g"]), inputs=("cpu_0/g", "cpu_1/g"))
+    proto.op[0].device_option.CopyFrom(DeviceOption(caffe2_pb2.CPU, 0))
+    assert verify_problems(proto) == []

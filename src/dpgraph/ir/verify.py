@@ -5,9 +5,10 @@ Checks, reporting every problem at once (op index, type and blob in each message
 - unknown op types and arity outside the op's schema;
 - inputs read before any op writes them and that are not external inputs (only when the net
   declares external inputs, as Caffe2's net creation does), and undefined external outputs;
-- an op on one device touching a blob in another device's name scope (``gpu_1/...`` read by
-  an op on ``gpu_0``), except for ops allowed to cross devices (copies, collectives,
-  Concat, and Parallelize's ``dpm`` Sum).
+- an op on one GPU touching a blob in another GPU's name scope (``gpu_1/...`` read by an op
+  on ``gpu_0``), except for ops allowed to cross devices (copies, collectives, Concat, and
+  Parallelize's ``dpm`` Sum).  CPU ops are not checked: every CPU device option shares host
+  memory, and Parallelize's CPU all-reduce sums ``cpu_<k>/`` blobs on the first device.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from dpgraph.ir.registry import OPERATORS
 from dpgraph.proto import caffe2_pb2
 
 _DEVICE_SCOPE = re.compile(r"^(cpu|gpu|ideep)_(\d+)/")
-_PREFIX_TYPES = {"cpu": (0,), "gpu": (1, 6), "ideep": (5,)}
+_GPU_TYPES = (caffe2_pb2.PROTO_CUDA, caffe2_pb2.PROTO_HIP)
 _CROSS_DEVICE_TYPES = frozenset({"Concat", "Copy", "CopyGPUToCPU", "CopyCPUToGPU",
                                  "EnsureCPUOutput", "CopyFromCPUInput"})
 
@@ -84,7 +85,7 @@ def _device_problems(proto: caffe2_pb2.NetDef) -> list[str]:
             if scope is None:
                 continue
             prefix, scope_id = scope
-            if device_type in _PREFIX_TYPES[prefix] and scope_id != device_id:
+            if prefix == "gpu" and device_type in _GPU_TYPES and scope_id != device_id:
                 problems.append(
                     f"{_where(index, op)} on {device_name(device)} touches blob {blob!r} of "
                     f"device {prefix}_{scope_id}; copy it with a Copy op instead")

@@ -5,6 +5,7 @@ from dpgraph.modeling.optimizer.adaptive import (
     AdamOptimizer,
     FtrlOptimizer,
     RmsPropOptimizer,
+    YellowFinOptimizer,
 )
 from dpgraph.modeling.optimizer.base import (
     _LEARNING_RATE_INJECTION,
@@ -28,6 +29,7 @@ from dpgraph.modeling.optimizer.build import (
     build_multi_precision_sgd,
     build_rms_prop,
     build_sgd,
+    build_yellowfin,
     get_lr_injection,
     get_param_device,
     set_lr_injection,
@@ -43,9 +45,9 @@ __all__ = [
     "AdagradOptimizer", "AdamOptimizer", "AuxOptimizerParams", "BuildUniqueMutexIter",
     "FP16SgdOptimizer", "FtrlOptimizer", "ITERATION_MUTEX_NAME", "MultiPrecisionSgdOptimizer",
     "OPTIMIZER_ITERATION_NAME", "Optimizer", "RmsPropOptimizer", "SgdOptimizer",
-    "WeightDecayBuilder", "_LEARNING_RATE_INJECTION", "_build", "_calc_norm_ratio",
-    "_get_param_to_device", "_optimizer_instance_count", "add_weight_decay", "build_adagrad",
-    "build_adam", "build_fp16_sgd", "build_ftrl", "build_multi_precision_sgd", "build_rms_prop",
-    "build_sgd", "get_lr_injection", "get_param_device", "reset_optimizer_instance_count",
-    "set_lr_injection",
+    "WeightDecayBuilder", "YellowFinOptimizer", "_LEARNING_RATE_INJECTION", "_build",
+    "_calc_norm_ratio", "_get_param_to_device", "_optimizer_instance_count", "add_weight_decay",
+    "build_adagrad", "build_adam", "build_fp16_sgd", "build_ftrl", "build_multi_precision_sgd",
+    "build_rms_prop", "build_sgd", "build_yellowfin", "get_lr_injection", "get_param_device",
+    "reset_optimizer_instance_count", "set_lr_injection",
 ]

@@ -1,4 +1,4 @@
-"""Adaptive optimizers: Adagrad (dense, sparse, row-wise), Adam, RmsProp and FTRL."""
+"""Adaptive optimizers: Adagrad (dense, sparse, row-wise), Adam, RmsProp, FTRL, YellowFin."""
 
 from __future__ import annotations
 
@@ -6,7 +6,12 @@ from typing import Any
 
 from dpgraph.errors import ModelConfigError
 from dpgraph.ir.blob import GradientSlice
-from dpgraph.modeling.optimizer.base import Optimizer, current_device, reject_lars
+from dpgraph.modeling.optimizer.base import (
+    BuildUniqueMutexIter,
+    Optimizer,
+    current_device,
+    reject_lars,
+)
 from dpgraph.modeling.parameter_info import ParameterInfo
 
 
@@ -201,6 +206,60 @@ class FtrlOptimizer(Optimizer):
             net.SparseFtrl([param, nz, grad.indices, grad.values], [param, nz], **settings)
         else:
             net.Ftrl([param, nz, grad], [param, nz], **settings)
+
+    def scale_learning_rate(self, scale: float) -> None:
+        self.alpha *= scale
+
+
+class YellowFinOptimizer(Optimizer):
+    """YellowFin (auto-tuned momentum SGD) with per-param state blobs; the ``YellowFin`` op
+    itself is not implemented by dpgraph's kernels, so running the graph needs one."""
+
+    SCALARS_MEMORY_SIZE = 5
+
+    def __init__(self, alpha: float = 0.1, mu: float = 0.0, beta: float = 0.999,
+                 curv_win_width: int = 20, zero_debias: bool = True,
+                 epsilon: float = 0.1 ** 6, policy: str = "fixed",
+                 sparse_dedup_aggregator: Any = None, **kwargs: Any) -> None:
+        super().__init__()
+        self.alpha = alpha
+        self.mu = mu
+        self.beta = beta
+        self.curv_win_width = curv_win_width
+        self.zero_debias = zero_debias
+        self.epsilon = epsilon
+        self.policy = policy
+        self.sparse_dedup_aggregator = sparse_dedup_aggregator
+        self.init_kwargs = kwargs
+
+    def _state(self, param_init_net: Any, param: Any) -> list[Any]:
+        """``[param, moment, lr_avg, mu_avg, curv_win, g_avg, g2_avg, scalars_memory]``."""
+        def like(suffix: str) -> Any:
+            return param_init_net.ConstantFill([param], param + suffix, value=0.0)
+
+        def sized(suffix: str, size: int, value: float) -> Any:
+            return param_init_net.ConstantFill([], param + suffix, shape=[size], value=value)
+
+        moment = like("_moment")
+        curv_win = sized("_curv_win", self.curv_win_width, 0.0)
+        g_avg, g2_avg = like("_g_avg"), like("_g2_avg")
+        lr_avg, mu_avg = sized("_lr_avg", 1, self.alpha), sized("_mu_avg", 1, self.mu)
+        scalars = sized("_scalars_memory", self.SCALARS_MEMORY_SIZE, 0.0)
+        return [param, moment, lr_avg, mu_avg, curv_win, g_avg, g2_avg, scalars]
+
+    def _run(self, net: Any, param_init_net: Any, param_info: ParameterInfo) -> None:
+        param, grad = param_info.blob, param_info.grad
+        state = self._state(param_init_net, param)
+        if self.alpha <= 0:
+            raise ModelConfigError(f"YellowFinOptimizer: alpha must be positive, got "
+                                   f"{self.alpha}")
+        if isinstance(grad, GradientSlice):
+            raise ModelConfigError("YellowFin does not support sparse gradients")
+        iteration = BuildUniqueMutexIter(param_init_net, net, iter_val=0)
+        self._aux_params.shared.append(iteration)
+        self._aux_params.local.extend(state[1:])
+        net.YellowFin(state + [grad, iteration], state, beta=self.beta, epsilon=self.epsilon,
+                      curv_win_width=self.curv_win_width, zero_debias=self.zero_debias)
 
     def scale_learning_rate(self, scale: float) -> None:
         self.alpha *= scale

@@ -14,6 +14,7 @@ from dpgraph.modeling.optimizer.adaptive import (
     AdamOptimizer,
     FtrlOptimizer,
     RmsPropOptimizer,
+    YellowFinOptimizer,
 )
 from dpgraph.modeling.optimizer.base import _LEARNING_RATE_INJECTION, Optimizer
 from dpgraph.modeling.optimizer.sgd import (
@@ -154,6 +155,12 @@ def build_rms_prop(model: Any, base_learning_rate: float,
     rms_prop = RmsPropOptimizer(alpha=base_learning_rate, **kwargs)
     return _build(model, rms_prop, max_gradient_norm=max_gradient_norm,  # type: ignore
                   allow_lr_injection=allow_lr_injection)
+
+
+def build_yellowfin(model: Any, base_learning_rate: float = 0.1,
+                    **kwargs: Any) -> YellowFinOptimizer:
+    """YellowFin for every param (needs a ``YellowFin`` kernel to run)."""
+    return _build(model, YellowFinOptimizer(alpha=base_learning_rate, **kwargs))  # type: ignore
 
 
 def build_ftrl(model: Any, engine: str = "SIMD", **kwargs: Any) -> FtrlOptimizer:
