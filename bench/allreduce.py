@@ -43,6 +43,16 @@ def _repeat(fn: Callable[[], Any], min_time: float, max_reps: int = 2000) -> flo
     return statistics.median(times)
 
 
+def _timed(fn: Callable[[], Any], reps: int) -> float:
+    """Median seconds per call over exactly ``reps`` calls (the same count on every rank)."""
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
 def bench_cpu(sizes: list[int], min_time: float, devices: int = 4) -> list[dict[str, Any]]:
     from dpgraph.collectives import create_backend
 
@@ -51,15 +61,24 @@ def bench_cpu(sizes: list[int], min_time: float, devices: int = 4) -> list[dict[
     for nbytes in sizes:
         copies = [np.ones(nbytes // 4, np.float32) for _ in range(devices)]
 
-        def floor() -> None:
+        def floor(copies: list[np.ndarray] = copies) -> None:
             for other in copies[1:]:
                 np.add(copies[0], other, out=copies[0])
 
-        backend_s = _repeat(lambda: world.allreduce(copies), min_time)
+        backend_s = _repeat(lambda copies=copies: world.allreduce(copies), min_time)
         floor_s = _repeat(floor, min_time)
         rows.append({"bytes": nbytes, "backend_s": backend_s, "numpy_floor_s": floor_s,
                      "ratio": floor_s / backend_s})
     return rows
+
+
+def _agree_reps(dist: Any, torch: Any, fn: Callable[[], Any], budget: float) -> int:
+    """Calls per timing round: rank 0 calibrates, every rank uses its count (collectives must
+    be issued the same number of times on every rank)."""
+    per_call = _timed(fn, 3)
+    reps = torch.tensor([max(3, min(1000, int(budget / max(per_call, 1e-6))))])
+    dist.broadcast(reps, src=0)
+    return int(reps.item())
 
 
 def _gloo_rank(rank: int, path: str, sizes: list[int], min_time: float, queue: Any) -> None:
@@ -84,11 +103,11 @@ def _gloo_rank(rank: int, path: str, sizes: list[int], min_time: float, queue: A
         workspace.CreateNet(net)
         name = net.Name()
         raw = torch.from_numpy(np.ones(nbytes // 4, np.float32))
-        dist.barrier()
+        reps = _agree_reps(dist, torch, lambda: dist.all_reduce(raw), min_time / 6)
         dpgraph_s, raw_s = [], []
         for _ in range(3):  # alternate, so drifting machine load hits both alike
-            dpgraph_s.append(_repeat(lambda name=name: workspace.RunNet(name), min_time / 3))
-            raw_s.append(_repeat(lambda: dist.all_reduce(raw), min_time / 3))
+            dpgraph_s.append(_timed(lambda name=name: workspace.RunNet(name), reps))
+            raw_s.append(_timed(lambda raw=raw: dist.all_reduce(raw), reps))
         rows.append({"bytes": nbytes, "dpgraph_s": statistics.median(dpgraph_s),
                      "raw_s": statistics.median(raw_s)})
     dist.destroy_process_group()

@@ -100,7 +100,7 @@ def blob_bytes(model: Any, devices: int, batch: int, image: int) -> dict[str, in
         dims[f"cpu_{d}/label"] = [batch]
         types[f"cpu_{d}/label"] = caffe2_pb2.TensorProto.INT32
     shapes, dtypes = workspace.InferShapesAndTypes([model.param_init_net, model.net], dims,
-                                                   types)
+                                                   blob_types=types)
     return {name: math.prod(shape) * DATA_TYPE_TO_NUMPY[dtypes[name]].itemsize
             for name, shape in shapes.items()}
 

@@ -113,6 +113,16 @@ class WorkspaceNameError(DpgraphError, TypeError, AssertionError):
     "Expected a string or BlobReference/Net")."""
 
 
+class UnregisteredOperatorError(UnknownOperatorError, RuntimeError):
+    """A net being created or run has an op of unregistered type (a RuntimeError, as
+    Caffe2's C++ net creation raised, and an UnknownOperatorError)."""
+
+
+class OperatorDefError(OperatorSchemaError, RuntimeError):
+    """A net being created or run has an op that does not fit its schema or has no kernel
+    (a RuntimeError, as in Caffe2's C++ net creation)."""
+
+
 # --- modeling and passes -------------------------------------------------------------------
 class ModelError(DpgraphError, AssertionError):
     """A ModelHelper, brew helper or optimizer was misused."""

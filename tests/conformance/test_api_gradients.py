@@ -257,3 +257,28 @@ def test_sum_extra_info_tag() -> None:
     assert sum_op.type == "Sum"
     assert "is_auto_gen_sum_ops:1" in sum_op.device_option.extra_info
     assert "k:v" in sum_op.device_option.extra_info
+
+
+def test_python_gradient_registry_single_and_none() -> None:
+    from dpgraph.autodiff import GradientRegistry
+
+    registry = GradientRegistry()  # private instance: nothing leaks into the global one
+
+    @registry.RegisterGradient("ConfPySingle")
+    def _single(op: caffe2_pb2.OperatorDef, g_output: list) -> tuple:
+        grad = core.CreateOperator("Copy", [g_output[0]], [op.input[0] + "_grad"])
+        return grad, [op.input[0] + "_grad"]
+
+    @registry.RegisterGradient("ConfPyNone")
+    def _none(op: caffe2_pb2.OperatorDef, g_output: list) -> tuple:
+        return None, [None]
+
+    ops, g_in = registry.GetGradientForOp(core.CreateOperator("ConfPySingle", "a", "b"),
+                                          ["b_grad"])
+    assert isinstance(ops, list) and len(ops) == 1 and g_in == ["a_grad"]
+    assert list(ops[0].input) == ["b_grad"]
+    assert registry.GetGradientForOp(core.CreateOperator("ConfPyNone", "a", "b"),
+                                     ["b_grad"]) == ([], [None])
+    fwd = [core.CreateOperator("ConfPySingle", "x", "y")]
+    grad_ops, grad_map = registry.GetBackwardPass(fwd, {"y": "y_grad"})
+    assert [op.type for op in grad_ops] == ["Copy"] and grad_map["x"] == "x_grad"

@@ -102,6 +102,11 @@ def test_create_param() -> None:
             model.create_param("w", [4], Initializer("XavierFill"))
     with pytest.raises(AssertionError):
         model.get_param_info("s/w")
+    with pytest.raises(AssertionError, match="Initializer"):
+        model.create_param("v", [1], ("XavierFill", {}))
+    with pytest.raises(AssertionError):
+        model.create_param(3, [1], Initializer("XavierFill"))
+    assert "v" not in model._parameters_info
 
 
 def test_add_parameter_tags() -> None:

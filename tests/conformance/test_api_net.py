@@ -232,6 +232,16 @@ def test_clone_partial() -> None:
     assert [op.type for op in sub.Proto().op] == ["Relu", "Sigmoid"]
     assert list(sub.Proto().op[0].output) == [f"{name}/h"]
     assert [str(o) for o in outs] == [f"{name}/out"]
+    assert list(sub.Proto().external_input) == ["x"]
+    assert list(sub.Proto().external_output) == [f"{name}/out"]
+    # a blob the path reads without producing it keeps its name and becomes an input
+    net.Mul(["out", "other"], "prod")
+    sub2, _ = net.ClonePartial(_uniq("part2"), ["h"], ["prod"])
+    assert [op.type for op in sub2.Proto().op] == ["Sigmoid", "Tanh", "Mul"]
+    assert list(sub2.Proto().external_input) == ["h", "x"]
+    assert list(sub2.Proto().op[0].input) == ["h"] and list(sub2.Proto().op[1].input) == ["x"]
+    with pytest.raises(AssertionError, match="partially clone"):
+        net.ClonePartial(_uniq("bad"), ["out"], ["h"])
 
 
 def test_append_net() -> None:
@@ -323,11 +333,16 @@ def test_ssa_helpers() -> None:
     net = core.Net(_uniq("ssa"))
     net.Relu("x", "y")
     net.Relu("y", "y")
+    net.Relu("q", "z")
     ssa, versions = core.get_ssa(net.Proto())
     assert ssa[1] == ([("y", 1)], [("y", 2)])
-    assert versions["y"] == 2
-    assert core.get_undefined_blobs(ssa) == {"x"}
+    assert versions == {"x": 0, "y": 2, "q": 0, "z": 1}  # external inputs at version 0
+    assert core.get_undefined_blobs(ssa) == {"x", "q"}
     assert core.get_output_producers(ssa)[("y", 2)] == 1
+    assert core.get_op_ids_in_path(ssa, versions, ["x"], ["y"]) == [0, 1]
+    assert core.get_op_ids_in_path(ssa, versions, [], ["z"]) == [2]
+    seeded, _ = core.get_ssa(net.Proto(), {"x": 3})
+    assert seeded[0] == ([("x", 3)], [("y", 1)])
 
 
 def test_output_to_list() -> None:

@@ -238,6 +238,10 @@ def test_infer_shapes_and_types() -> None:
     workspace.FeedBlob("x", np.zeros((4, 1), dtype=np.float32))
     shapes, _ = workspace.InferShapesAndTypes([net])
     assert shapes["y"] == [4, 1]
+    shapes, types = workspace.InferShapesAndTypes(
+        [net.Proto()], {"x": [5]}, nets_proto=True,
+        blob_types={"x": caffe2_pb2.TensorProto.INT32})
+    assert shapes["y"] == [5] and types["y"] == caffe2_pb2.TensorProto.INT32
 
 
 def test_stringify_helpers() -> None:
@@ -285,3 +289,17 @@ def test_immediate_and_memory_helpers() -> None:
     workspace.FeedBlob("i8", np.zeros(1, dtype=np.int8))
     with pytest.raises(NotImplementedError):
         workspace.FetchInt8Blob("i8")
+
+
+def test_create_net_bad_ops_are_runtime_errors() -> None:
+    unknown = caffe2_pb2.NetDef(name=f"conf_ws_unknown_{next(_ids)}")
+    unknown.op.add(type="NoSuchOperatorXyz", input=["a"], output=["b"])
+    with pytest.raises(RuntimeError, match="NoSuchOperatorXyz"):
+        workspace.CreateNet(unknown)
+    with pytest.raises(AttributeError):
+        workspace.RunNetOnce(unknown)
+    arity = caffe2_pb2.NetDef(name=f"conf_ws_arity_{next(_ids)}")
+    arity.op.add(type="Relu", input=["a", "b", "c"], output=["d"])
+    with pytest.raises(RuntimeError, match="Relu"):
+        workspace.CreateNet(arity)
+    assert unknown.name not in workspace.Nets() and arity.name not in workspace.Nets()

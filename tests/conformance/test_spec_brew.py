@@ -601,3 +601,24 @@ def test_layer_norm_trains() -> None:
                                atol=1e-5)
     np.testing.assert_allclose(workspace.FetchBlob("ln_bias_grad"),
                                (2 * (2.0 * z + 0.5)).sum(axis=0), rtol=1e-4, atol=1e-4)
+
+
+def test_add_weight_decay_follows_name_scope() -> None:
+    model = ModelHelper(name="m")
+    with core.NameScope("gpu_0"):
+        brew.fc(model, "data", "fc", 2, 1)
+    brew.fc(model, "data", "top", 2, 1)
+    model.AddGradientOperators([model.net.SumElements("gpu_0/fc", "s0"),
+                                model.net.SumElements("top", "s1")])
+    with core.NameScope("gpu_0"):
+        brew.add_weight_decay(model, 0.1)
+    ws = _ops(model.net, "WeightedSum")
+    assert [list(op.input) for op in ws] == [
+        ["gpu_0/fc_w_grad", "gpu_0/ONE", "gpu_0/fc_w", "gpu_0/wd"]]
+
+
+def test_spatial_bn_external_params_without_init() -> None:
+    model = ModelHelper(name="m", init_params=False)
+    brew.spatial_bn(model, "x", "bn", 4)
+    assert len(model.param_init_net.Proto().op) == 0
+    assert [str(p) for p in model.GetAllParams()] == ["bn_s", "bn_b", "bn_rm", "bn_riv"]

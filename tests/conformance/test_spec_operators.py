@@ -545,7 +545,7 @@ def test_concat_axis_0_split_info() -> None:
     a, b = _randn(2, 3), _randn(4, 3)
     out, info = run("Concat", {"a": a, "b": b}, ["out", "split_info"], axis=0)
     close(out, np.concatenate([a, b]))
-    assert info.tolist() == [2, 4]
+    assert info.tolist() == [2, 4] and info.dtype == np.int32
 
 
 def test_softmax_with_loss() -> None:
@@ -584,3 +584,86 @@ def test_cpu_gpu_copies_with_virtual_gpus() -> None:
     workspace.RunOperatorOnce(core.CreateOperator("CopyGPUToCPU", ["Xg"], ["Xc"],
                                                   device_option=gpu))
     close(workspace.FetchBlob("Xc"), x)
+
+
+# --- gradient kernels numerics -----------------------------------------------------------
+def test_fc_gradient_numerics() -> None:
+    x, w, dy = _randn(3, 2, 2), _randn(5, 4), _randn(3, 5)
+    dw, db, dx = run("FCGradient", {"X": x, "W": w, "dY": dy}, ["dW", "db", "dX"])
+    close(dw, dy.T @ x.reshape(3, 4), rtol=1e-4, atol=1e-5)
+    close(db, dy.sum(axis=0), rtol=1e-4, atol=1e-5)
+    assert dx.shape == x.shape
+    close(dx.reshape(3, 4), dy @ w, rtol=1e-4, atol=1e-5)
+
+
+def test_softmax_gradient_numerics() -> None:
+    x, dy = _randn(3, 4), _randn(3, 4)
+    (y,) = run("Softmax", {"X": x}, ["Y"])
+    (dx,) = run("SoftmaxGradient", {"Y": y, "dY": dy}, ["dX"])
+    close(dx, y * (dy - (dy * y).sum(axis=1, keepdims=True)), rtol=1e-4, atol=1e-6)
+
+
+def test_max_pool_gradient_routes_to_argmax() -> None:
+    x = np.arange(16, dtype=np.float32).reshape(1, 1, 4, 4)
+    (y,) = run("MaxPool", {"X": x}, ["Y"], kernel=2, stride=2, order="NCHW")
+    dy = np.array([[[[1.0, 2.0], [3.0, 4.0]]]], np.float32)
+    (dx,) = run("MaxPoolGradient", {"X": x, "Y": y, "dY": dy}, ["dX"], kernel=2, stride=2,
+                order="NCHW")
+    ref = np.zeros_like(x)
+    ref[0, 0, 1, 1], ref[0, 0, 1, 3], ref[0, 0, 3, 1], ref[0, 0, 3, 3] = 1, 2, 3, 4
+    close(dx, ref)
+
+
+def test_conv_gradient_numerics() -> None:
+    from dpgraph.ops.testing import check_gradient
+
+    op = core.CreateOperator("Conv", ["X", "W", "b"], ["Y"], kernel=3, stride=1, pad=1,
+                             order="NCHW")
+    check_gradient(op, [_randn(1, 2, 4, 4), _randn(3, 2, 3, 3), _randn(3)])
+
+
+def test_label_cross_entropy_gradient_clamps() -> None:
+    p = np.array([[0.0, 1.0]], np.float32)
+    (dp,) = run("LabelCrossEntropyGradient", {"P": p, "label": np.array([0], np.int32),
+                                              "dY": np.array([1.0], np.float32)}, ["dP"])
+    close(dp, [[-1.0 / 1e-20, 0.0]], rtol=1e-4)
+
+
+def test_free_empties_outputs() -> None:
+    workspace.FeedBlob("X", _randn(3))
+    workspace.RunOperatorOnce(core.CreateOperator("Free", ["X"], ["X"]))
+    assert workspace.HasBlob("X")
+
+
+def test_constant_fill_infers_dtype_from_value() -> None:
+    (out,) = run("ConstantFill", {}, ["i"], shape=[2], value=3)
+    assert out.dtype == np.int64 and out.tolist() == [3, 3]
+    (out,) = run("ConstantFill", {}, ["f"], shape=[2], value=3.0)
+    assert out.dtype == np.float32
+    (out,) = run("ConstantFill", {}, ["i32"], shape=[2], value=3, dtype=TP.INT32)
+    assert out.dtype == np.int32
+
+
+def test_spatial_bn_test_mode_uses_running_stats() -> None:
+    inp = _bn_inputs()
+    (y,) = run("SpatialBN", inp, ["Y"], is_test=1, epsilon=1e-3)
+    c = (slice(None), None, None)
+    ref = (inp["X"] - inp["rm"][c]) / np.sqrt(inp["rv"][c] + 1e-3) * inp["s"][c] + inp["b"][c]
+    close(y, ref, rtol=1e-4, atol=1e-5)
+
+
+def test_iter_without_input_starts_at_zero() -> None:
+    (out,) = run_named("Iter", [], ["fresh"])
+    assert out.dtype == np.int64 and out.tolist() == [1]
+
+
+def test_scatter_weighted_sum_duplicates_scale_first_then_add() -> None:
+    x0 = _randn(3, 2)
+    idx = np.array([1, 1], np.int64)
+    slices = _randn(2, 2)
+    (out,) = run("ScatterWeightedSum", {"X0": x0.copy(), "w0": np.array([0.5], np.float32),
+                                        "idx": idx, "sl": slices,
+                                        "w1": np.array([2.0], np.float32)}, ["X0"])
+    ref = x0.copy()
+    ref[1] = 0.25 * x0[1] + 2.0 * (slices[0] + slices[1])
+    close(out, ref)

@@ -462,3 +462,85 @@ def test_sgd_momentum_nesterov_default_arg() -> None:
     model = _model()
     optimizer.build_sgd(model, 0.1, momentum=0.9)
     assert _args(_ops(model.net, "MomentumSGDUpdate")[0])["nesterov"] == 1
+
+
+def test_active_name_scope_prefixes_optimizer_blobs() -> None:
+    model = _model()
+    k = _next("SgdOptimizer")
+    with core.NameScope("ns"):
+        optimizer.build_sgd(model, 0.1)
+    outputs = {o for op in model.param_init_net.Proto().op for o in op.output}
+    assert {"ns/optimizer_iteration", "ns/iteration_mutex", "ns/ONE_0_0"} <= outputs
+    assert "optimizer_iteration" not in outputs
+    lr = {op.output[0] for op in _ops(model.net, "LearningRate")}
+    assert lr == {f"ns/SgdOptimizer_{k}_lr_cpu"}
+
+
+def test_iteration_counter_is_cpu_under_gpu_scope() -> None:
+    init, net = core.Net("i"), core.Net("n")
+    with core.DeviceScope(core.DeviceOption(CUDA, 1)):
+        utils.BuildUniqueMutexIter(init, net)
+    for op in list(init.Proto().op) + list(net.Proto().op):
+        assert op.device_option.device_type == CPU
+
+
+def test_hip_scope_uses_gpu_names() -> None:
+    sgd = optimizer.SgdOptimizer()
+    k = sgd._instance_num
+    with core.DeviceScope(core.DeviceOption(caffe2_pb2.PROTO_HIP, 2)):
+        assert sgd.make_unique_blob_name("lr") == f"SgdOptimizer_{k}_lr_gpu2"
+
+
+def test_direct_call_with_param_and_grad_names() -> None:
+    net, init = core.Net("direct"), core.Net("direct_init")
+    init.XavierFill([], "w", shape=[2, 2])
+    sgd = optimizer.SgdOptimizer(0.5, momentum=0.9)
+    sgd(net, init, "w", "w_grad")
+    upd = _ops(net, "MomentumSGDUpdate")[0]
+    assert list(upd.input) == ["w_grad", "w_momentum", sgd.get_cpu_blob_name("lr"), "w"]
+
+
+def test_multi_precision_sgd_with_fp32_copy() -> None:
+    from dpgraph.modeling.initializers import PseudoFP16Initializer
+
+    model = ModelHelper(name="mp")
+    pred = brew.fc(model, "data", "fc", 4, 1, WeightInitializer=PseudoFP16Initializer,
+                   BiasInitializer=PseudoFP16Initializer)
+    model.AddGradientOperators([model.net.SumElements(pred, "loss")])
+    k = _next("MultiPrecisionSgdOptimizer")
+    optimizer.build_multi_precision_sgd(model, 0.1, momentum=0.9)
+    lr = _producer(model.net, f"MultiPrecisionSgdOptimizer_{k}_lr_cpu")
+    assert _args(lr)["base_lr"] == pytest.approx(0.1)
+    mom = _producer(model.param_init_net, "fc_w_momentum")
+    assert list(mom.input) == ["fc_w_fp32"]
+    h2f = [op for op in _ops(model.net, "HalfToFloat") if op.output[0] == "fc_w_grad_fp32"]
+    assert len(h2f) == 1 and list(h2f[0].input) == ["fc_w_grad"]
+    upd = [op for op in _ops(model.net, "MomentumSGDUpdate") if op.input[0] == "fc_w_grad_fp32"]
+    assert list(upd[0].input) == ["fc_w_grad_fp32", "fc_w_momentum",
+                                  f"MultiPrecisionSgdOptimizer_{k}_lr_cpu", "fc_w_fp32"]
+    assert list(upd[0].output) == ["fc_w_grad_fp32", "fc_w_momentum", "fc_w_fp32"]
+    f2h = [op for op in _ops(model.net, "FloatToHalf") if op.output[0] == "fc_w"]
+    assert list(f2h[0].input) == ["fc_w_fp32"]
+
+
+def test_sparse_adagrad_and_adam_names() -> None:
+    cases = [(optimizer.build_adagrad, {}, "SparseAdagrad", "emb_squared_sum"),
+             (optimizer.build_adagrad, {"rowWise": True}, "RowWiseSparseAdagrad",
+              "emb_avg_squared_sum"),
+             (optimizer.build_adam, {}, "SparseAdam", "emb_second_moment"),
+             (optimizer.build_adam, {"rowWise": True}, "RowWiseSparseAdam",
+              "emb_avg_second_moment")]
+    for build, kwargs, op_type, state in cases:
+        model = _sparse_model()
+        build(model, 0.1, **kwargs)
+        op = _ops(model.net, op_type)[0]
+        assert op.input[0] == "emb" and state in list(op.input)
+        if "avg" in state:
+            assert list(_args(_producer(model.param_init_net, state))["shape"]) == [10]
+
+
+def test_build_validates_duplicate_params() -> None:
+    model = _model()
+    model.params.append(model.params[0])
+    with pytest.raises(AssertionError):
+        optimizer.build_sgd(model, 0.1)

@@ -315,3 +315,18 @@ def test_release_keeps_alias_blobs() -> None:
 def test_memonger_error_is_typed() -> None:
     with pytest.raises(MemongerError):
         memonger.share_grad_blobs(object(), [], set(), "x/")
+
+
+def test_blobs_touched_by_collectives_are_never_shared() -> None:
+    m, _, losses = _five_fc(3, 3)
+    proto = m.net.Proto()
+    proto.op.add(type="Allreduce", input=["cw", "name_x/fc3_grad"], output=["name_x/fc3_grad"])
+    for optimized in (
+        memonger.share_grad_blobs(m.net, losses, set(m.param_to_grad.values()), "name_x/",
+                                  share_activations=True),
+        memonger.optimize_inference_fast(proto, []),
+        memonger.release_blobs_when_used(proto, set()),
+    ):
+        assert has_blob(optimized, "name_x/fc3_grad")
+        assert not any(op.type == "Free" and op.input[0] == "name_x/fc3_grad"
+                       for op in optimized.op)

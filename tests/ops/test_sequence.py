@@ -52,6 +52,10 @@ def test_add_padding_defaults_and_remove_padding_round_trip() -> None:
     back, blen = run_op(make_op("RemovePadding", ["Y", "LY"], ["X", "LX"]), [padded, plen])
     np.testing.assert_array_equal(back, data)
     assert blen.tolist() == [1, 3] and blen.dtype == np.int64
+    remove = make_op("RemovePadding", ["Y", "LY"], ["X", "LX"])
+    ops, _ = build_gradient(remove, ["X_grad", None])
+    assert summary(ops) == [("AddPadding", ["X_grad", "LX"], ["Y_grad"])]
+    check_gradient(remove, [padded.astype(np.float64), plen])
     (total,) = run_op(make_op("GatherPadding", ["Y", "LY"], ["P"]), [padded + 1, plen])
     np.testing.assert_allclose(total, np.full(3, 4.0))  # 2 segments × (start + end) of ones
     same = run_op(make_op("AddPadding", ["D", "L"], ["Y", "LY"], padding_width=0), [data, lens])
@@ -209,3 +213,11 @@ def test_remove_data_blocks_and_boolean_unmask() -> None:
     assert out.tolist() == [1, 2, 3, 4]
     with pytest.raises(ShapeError, match="exactly one mask"):
         run_op(op, [masks[0], np.array([1, 4]), masks[0], np.array([2, 3])])
+
+
+def test_lengths_top_k_shape_function() -> None:
+    from dpgraph.ir.registry import OPERATORS
+
+    op = make_op("LengthsTopK", ["X", "L"], ["V", "I"], k=3)
+    assert OPERATORS.lookup("LengthsTopK").shape_fn(op, [(10,), (4,)], [1, 2]) == [
+        ((4, 3), 1), ((4, 3), 2)]

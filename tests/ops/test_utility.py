@@ -135,3 +135,55 @@ def test_identities_copy_unless_in_place() -> None:
         assert y is not x and np.array_equal(y, x)
         state = run_ops([CreateOperator(op_type, ["X"], ["X"])], {"X": x})
         assert state["X"] is x
+
+
+def _control_net(name: str, op_type: str, inputs: list, outputs: list) -> caffe2_pb2.NetDef:
+    net = caffe2_pb2.NetDef(name=name)
+    net.op.append(CreateOperator(op_type, inputs, outputs))
+    return net
+
+
+def _run_in_workspace(op: caffe2_pb2.OperatorDef, feeds: dict) -> dict:
+    from dpgraph import workspace
+
+    workspace.ResetWorkspace()
+    for name, value in feeds.items():
+        workspace.FeedBlob(name, value)
+    workspace.RunOperatorOnce(op)
+    result = {name: workspace.FetchBlob(name) for name in workspace.Blobs()}
+    workspace.ResetWorkspace()
+    return result
+
+
+def test_if_runs_the_branch_in_the_workspace() -> None:
+    then_net = _control_net("then", "Copy", ["a"], ["out"])
+    else_net = _control_net("else", "Copy", ["b"], ["out"])
+    op = CreateOperator("If", ["c", "a", "b"], ["out"], then_net=then_net, else_net=else_net)
+    a, b = np.array([1.0], np.float32), np.array([2.0], np.float32)
+    assert _run_in_workspace(op, {"c": np.array(True), "a": a, "b": b})["out"].tolist() == [1.0]
+    assert _run_in_workspace(op, {"c": np.array([False]), "a": a, "b": b})["out"].tolist() == [2.0]
+    no_else = CreateOperator("If", ["c", "a"], ["out"], then_net=then_net)
+    kept = _run_in_workspace(no_else, {"c": np.array(False), "a": a, "out": b})
+    assert kept["out"].tolist() == [2.0]
+
+
+def test_while_reevaluates_the_condition_net() -> None:
+    loop_net = _control_net("loop", "Add", ["acc", "step"], ["acc"])
+    cond_net = caffe2_pb2.NetDef(name="cond")
+    cond_net.op.extend([CreateOperator("Add", ["n", "one"], ["n"]),
+                        CreateOperator("LT", ["n", "limit"], ["c"])])
+    op = CreateOperator("While", ["c", "acc", "step", "n", "one", "limit"], ["acc", "n", "c"],
+                        loop_net=loop_net, cond_net=cond_net)
+    feeds = {"c": np.array(True), "acc": np.array(0), "step": np.array(3), "n": np.array(0),
+             "one": np.array(1), "limit": np.array(4)}
+    out = _run_in_workspace(op, feeds)
+    assert (int(out["acc"]), int(out["n"]), bool(out["c"])) == (9, 4, False)
+
+
+def test_control_flow_argument_errors() -> None:
+    with pytest.raises(OperatorError, match="then_net"):
+        _run_in_workspace(CreateOperator("If", ["c"], []), {"c": np.array(True)})
+    loop_net = _control_net("loop", "Copy", ["x"], ["y"])
+    with pytest.raises(OperatorError, match="one element"):
+        _run_in_workspace(CreateOperator("While", ["c"], [], loop_net=loop_net),
+                          {"c": np.array([True, False])})

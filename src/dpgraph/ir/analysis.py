@@ -28,11 +28,20 @@ def get_ssa(net: Any, blob_versions: dict[str, int] | None = None
             ) -> tuple[list[tuple[list[Versioned], list[Versioned]]], dict[str, int]]:
     """Per op, its ``(inputs, outputs)`` as ``(name, version)``; and the final versions.
 
-    A blob's version starts at 0 and goes up each time an op writes it.
+    A blob's version starts at 0 and goes up each time an op writes it.  As in Caffe2, the
+    versions include the net's external inputs at 0 (or, for a net that declares none, every
+    blob read before it is written), so they can seed :func:`get_op_ids_in_path`.
     """
     versions: dict[str, int] = dict(blob_versions or {})
+    proto = net.Proto() if hasattr(net, "Proto") else net
+    external = list(proto.external_input) if isinstance(proto, caffe2_pb2.NetDef) else []
+    for b in external:
+        versions.setdefault(b, 0)
     ssa = []
     for op in _ops(net):
+        if not external:
+            for b in op.input:
+                versions.setdefault(b, 0)
         inputs = [(b, versions.get(b, 0)) for b in op.input]
         for b in op.output:
             versions[b] = versions.get(b, 0) + 1
@@ -92,7 +101,21 @@ def ops_in_path(ops: OpList, inputs: Iterable[str], outputs: Iterable[str]) -> l
     return sorted(needed)
 
 
-get_op_ids_in_path = ops_in_path
+def get_op_ids_in_path(ssa: Sequence[tuple[list[Versioned], list[Versioned]]],
+                       blob_versions: dict[str, int], inputs: Iterable[Any],
+                       outputs: Iterable[Any]) -> list[int]:
+    """Caffe2's signature: the sorted op indices needed to compute ``outputs`` (at their
+    versions in ``blob_versions``) given ``inputs`` at their latest versions."""
+    given = {(str(i), blob_versions[str(i)]) for i in inputs}
+    producer = get_output_producers(ssa)
+    queue = [(str(o), blob_versions[str(o)]) for o in outputs]
+    used: set[int] = set()
+    while queue:
+        blob = queue.pop()
+        if blob not in given and blob in producer and producer[blob] not in used:
+            used.add(producer[blob])
+            queue.extend(ssa[producer[blob]][0])
+    return sorted(used)
 
 
 def InferBlobDevices(net: Any) -> dict[str, caffe2_pb2.DeviceOption]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import sys
 import threading
-import traceback
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -292,32 +291,33 @@ class Net:
     def ClonePartial(self, name: str, inputs: Sequence[Any], outputs: Sequence[Any],
                      remap_funcs: dict[str, Callable[..., Any]] | None = None
                      ) -> tuple[Net, list[BlobReference]]:
-        """The subgraph computing ``outputs`` from ``inputs``; internal blobs get ``name/``."""
-        from dpgraph.ir.analysis import ops_in_path
+        """The subgraph computing ``outputs`` from ``inputs``.
+
+        Blobs the subgraph defines get the ``name/`` prefix; the inputs and blobs it reads
+        without defining keep their names and become its external inputs.
+        """
+        from dpgraph.ir.analysis import get_op_ids_in_path, get_ssa, get_undefined_blobs
 
         input_names = [str(i) for i in inputs]
         output_names = [str(o) for o in outputs]
-        op_ids = ops_in_path(self._net.op, input_names, output_names)
-        keep = set(input_names)
-        remap = {}
-        for index in op_ids:
-            op = self._net.op[index]
-            for blob in list(op.input) + list(op.output):
-                if blob not in keep and blob not in self._net.external_input:
-                    remap[blob] = f"{name}/{blob}"
-        for blob in input_names:
-            remap.pop(blob, None)
-        new_net = self.Clone(name, remap, op_ids, remap_funcs)
+        ssa, blob_versions = get_ssa(self._net, dict.fromkeys(input_names, 0))
+        used = get_op_ids_in_path(ssa, blob_versions, input_names, output_names)
+        disallowed = get_op_ids_in_path(ssa, blob_versions, [], input_names)
+        if set(used) & set(disallowed):
+            raise NetError(
+                f"Cannot partially clone net {self.Name()!r}: some of the ops required would "
+                f"generate the given inputs {input_names}.")
+        undefined = get_undefined_blobs([ssa[i] for i in used]) - set(input_names)
+        prefix = name + "/" if name else ""
+        mapping = {b: b if b in input_names or b in undefined else prefix + b
+                   for b in blob_versions}
+        new_net = self.Clone(name, mapping, used, remap_funcs)
+        new_inputs = [mapping[i] for i in input_names] + sorted(undefined)
+        new_outputs = [mapping[o] for o in output_names]
         proto = new_net._net
         del proto.external_input[:]
+        proto.external_input.extend(new_inputs)
         del proto.external_output[:]
-        produced: set[str] = set()
-        needed: list[str] = []
-        for op in proto.op:
-            needed.extend(b for b in op.input if b not in produced and b not in needed)
-            produced.update(op.output)
-        proto.external_input.extend(needed)
-        new_outputs = [remap.get(o, o) for o in output_names]
         proto.external_output.extend(new_outputs)
         new_net._recreate_lookup_tables = True
         return new_net, [new_net.GetBlobRef(o) for o in new_outputs]
@@ -445,7 +445,7 @@ class Net:
 def _creation_stack() -> list[str]:
     """The caller's stack as ``File "f", line n, in fn`` lines, without reading source
     files (traceback.format_stack stats and reads every file: ~0.3 ms per op)."""
-    frame = sys._getframe(2)
+    frame: Any = sys._getframe(2)
     lines = []
     while frame is not None:
         code = frame.f_code

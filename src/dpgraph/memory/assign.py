@@ -193,10 +193,13 @@ def _dp_search(items: Sequence[RangeItem], start: list[Assignment], bound: int,
 
 def compute_assignments_dp(ranges_sizes: Sequence[RangeItem],
                            init_assignment: Sequence[Assignment] | None,
-                           counter: Any = None, budget: int = 20000) -> list[Assignment]:
+                           counter: Any = None, budget: int | None = None) -> list[Assignment]:
     """Minimum-memory assignment by memoised search over assignment states, seeded with
     the greedy result as the bound (so never worse than greedy); past ``budget`` state
-    expansions the best assignment found so far is returned."""
+    expansions (default: exhaustive for small nets, fewer for large ones) the best
+    assignment found so far is returned."""
+    if budget is None:
+        budget = min(20000, max(200, 400_000 // max(len(ranges_sizes), 1)))
     greedy = compute_assignments_greedy(ranges_sizes, init_assignment)
     originals = {name: (name, r) for a in greedy for name, r in a}
     items = get_updated_ranges(ranges_sizes)

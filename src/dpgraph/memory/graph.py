@@ -110,14 +110,19 @@ def topological_sort_traversal(graph: OpGraph) -> list[int]:
     return _reverse_dfs_postorder(graph, [])
 
 
-def _longest_path_to_sink(graph: OpGraph, order: Sequence[int]) -> dict[int, list[int]]:
-    """For each node, one longest path from it to a sink (ties: smallest successor)."""
-    best: dict[int, list[int]] = {}
+def _longest_path_to_sink(graph: OpGraph, order: Sequence[int]) -> dict[int, int | None]:
+    """For each node, the next node on one longest path to a sink (ties: smallest
+    successor; ``None`` at a sink)."""
+    length: dict[int, int] = {}
+    step: dict[int, int | None] = {}
     for node in reversed(order):
-        tails = [best[c] for c in graph.succ[node]]
-        longest = max(tails, key=len, default=[])
-        best[node] = [node] + longest
-    return best
+        best: int | None = None
+        for child in graph.succ[node]:
+            if best is None or length[child] > length[best]:
+                best = child
+        step[node] = best
+        length[node] = 0 if best is None else length[best] + 1
+    return step
 
 
 def _tree_heights(children: dict[int, list[int]], root: int) -> dict[int, int]:
@@ -143,15 +148,21 @@ def _ordered_sources(graph: OpGraph) -> list[int]:
     leaves of that tree, listed depth first with shallower subtrees before deeper ones.
     """
     order = _reverse_dfs_postorder(graph, [])
-    paths = _longest_path_to_sink(graph, order)
+    step = _longest_path_to_sink(graph, order)
     sink = -1
     children: dict[int, list[int]] = {}
     for source in graph.sources():
-        path = paths[source] + [sink]
-        for child, parent in zip(path[:-1], path[1:]):
+        node: int = source
+        while True:
+            parent = step[node]
+            parent = sink if parent is None else parent
             kids = children.setdefault(parent, [])
-            if child not in kids:
-                kids.append(child)
+            if node in kids:
+                break  # the rest of this path is already in the tree
+            kids.append(node)
+            if parent == sink:
+                break
+            node = parent
     height = _tree_heights(children, sink)
     leaves: list[int] = []
     stack = [sink]

@@ -133,6 +133,12 @@ class ModelHelper:
                     f"Parameter {name} already exists with shape {existing.shape}; it cannot "
                     f"be re-created with shape {shape}. Use another blob_out name.")
             return existing.blob
+        if not callable(getattr(initializer, "create_param", None)):
+            raise ModelConfigError(
+                f"create_param({name!r}): the initializer must be an Initializer object "
+                f"(e.g. initializers.Initializer('XavierFill')), got "
+                f"{type(initializer).__name__} {initializer!r}; convert an (op_name, kwargs) "
+                "tuple with initializers.update_initializer(None, tuple, None).")
         param_info = initializer.create_param(
             param_name=BlobReference(name), init_net=self.param_init_net, shape=shape)
         attach_optimizer(param_info, self._normalize_tags(tags))

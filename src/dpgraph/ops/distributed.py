@@ -92,6 +92,8 @@ def create_common_world(ctx: OpContext) -> Outputs:
 
 def _world(ctx: OpContext) -> BaseBackend:
     world = ctx.inputs[0] if ctx.inputs else None
+    if isinstance(world, BaseBackend):  # the fast, common case (Protocol checks are slow)
+        return world
     if not isinstance(world, Backend):
         got = type(world).__name__
         name = ctx.input_name(0) if ctx.num_inputs else "<none>"

@@ -28,6 +28,7 @@ from dpgraph.ops._conv_util import (
 )
 from dpgraph.ops.context import OpContext, Outputs
 from dpgraph.ops.gradient_builder import GradientBuilder
+from dpgraph.ops.math import same_as_input
 from dpgraph.ops.optim import host
 
 FLOAT, INT32 = 1, 2  # caffe2 TensorProto data types
@@ -90,7 +91,7 @@ def _upsample_grad(g: GradientBuilder) -> None:
     g.add("UpsampleBilinearGradient", inputs, [g.GI(0)])
 
 
-@register_op("UpsampleBilinearGradient", inputs=(2, 3), outputs=1)
+@register_op("UpsampleBilinearGradient", inputs=(2, 3), outputs=1, shape=same_as_input(1))
 def upsample_bilinear_gradient(ctx: OpContext) -> Outputs:
     """[dY, X, scales?] -> dX: the transposed interpolation applied to dY."""
     dy, x = ctx.inputs[0], ctx.inputs[1]
@@ -191,7 +192,14 @@ def pad_image_gradient(ctx: OpContext) -> Outputs:
 
 
 # --- IntegralImage ---------------------------------------------------------------------------
-@register_op("IntegralImage", inputs=1, outputs=1)
+def _integral_shape(op: Any, shapes: list, types: list) -> list:
+    if shapes[0] is None or len(shapes[0]) != 4:
+        return [None]
+    n, c, h, w = shapes[0]
+    return [((n, c, h + 1, w + 1), types[0] or FLOAT)]
+
+
+@register_op("IntegralImage", inputs=1, outputs=1, shape=_integral_shape)
 def integral_image(ctx: OpContext) -> Outputs:
     """X (N×C×H×W) -> (N×C×(H+1)×(W+1)) with Y[..., i, j] = sum(X[..., :i, :j])."""
     x = ctx.inputs[0]
@@ -207,7 +215,7 @@ def _integral_image_grad(g: GradientBuilder) -> None:
     g.add("IntegralImageGradient", [g.I(0), g.GO(0)], [g.GI(0)])
 
 
-@register_op("IntegralImageGradient", inputs=2, outputs=1)
+@register_op("IntegralImageGradient", inputs=2, outputs=1, shape=same_as_input(0))
 def integral_image_gradient(ctx: OpContext) -> Outputs:
     """[X, dY] -> dX, computed as Caffe2 does: the running 2-D sum of dY's top-left H×W block.
 
@@ -347,7 +355,7 @@ def box_with_nms_limit(ctx: OpContext) -> Outputs:
 
 
 # --- BatchBoxCox / BatchBucketize / SinusoidPositionEncoding ---------------------------------
-@register_op("BatchBoxCox", inputs=3, outputs=1)
+@register_op("BatchBoxCox", inputs=3, outputs=1, shape=same_as_input(0))
 def batch_box_cox(ctx: OpContext) -> Outputs:
     """[data (N×D), lambda1 (D), lambda2 (D)] -> Box-Cox per column:
     ((x + l2)^l1 - 1) / l1, or log(x + l2) where l1 == 0 (x + l2 floored at 1e-6)."""
@@ -376,13 +384,12 @@ def batch_bucketize(ctx: OpContext) -> Outputs:
     if indices.size and (indices.min() < 0 or indices.max() >= feature.shape[1]):
         raise ctx.fail(f"indices must lie in [0, {feature.shape[1]})")
     values = feature[:, indices]
-    starts = np.concatenate(([0], np.cumsum(lengths)[:-1])).astype(np.int64)
+    ends = np.cumsum(lengths).astype(np.int64)
     segment = np.repeat(np.arange(indices.size), lengths)
-    below = boundaries[None, :] < values[:, segment]
-    counts = np.add.reduceat(below, starts, axis=1) if boundaries.size else below[:, :0]
-    counts = np.where(lengths[None, :] > 0, counts, 0) if counts.size else counts
-    out = np.zeros((feature.shape[0], indices.size), np.int32)
-    out[:, :counts.shape[1]] = counts
+    below = (boundaries[None, :] < values[:, segment]).astype(np.int32)
+    running = np.concatenate([np.zeros((below.shape[0], 1), np.int32),
+                              np.cumsum(below, axis=1, dtype=np.int32)], axis=1)
+    out = running[:, ends] - running[:, ends - lengths]
     return (out,)
 
 
@@ -469,8 +476,8 @@ def _lc_backward(ctx: OpContext) -> Outputs:
     dcols = xp.einsum("pmq,nmp->nqp", flat, dyf)
     dcols = dcols.reshape(x.shape[0], padded.shape[1], *geom.kernel, *out)
     dpadded = col2im(xp, dcols, geom, out, tuple(padded.shape[2:]))
-    dx = channel_last(dpadded[inner_slices(geom, tuple(padded.shape[2:]))]
-                      if any(geom.pad_head) or any(geom.pad_tail) else dpadded, order, xp)
+    spatial = tuple(channel_first(x, order).shape[2:])
+    dx = channel_last(dpadded[inner_slices(geom, spatial)], order, xp)
     outs = [xp.ascontiguousarray(dw).astype(w.dtype)]
     if not ctx.int_arg("no_bias", 0):
         outs.append(dyf.sum(axis=0).T.reshape(*out, flat.shape[1]).astype(w.dtype))

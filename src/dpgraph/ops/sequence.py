@@ -11,12 +11,14 @@ from typing import Any
 
 import numpy as np
 
+from dpgraph.ir.arguments import arguments_dict
 from dpgraph.ir.registry import register_gradient, register_op
 from dpgraph.ops.context import OpContext, Outputs
 from dpgraph.ops.gradient_builder import GradientBuilder
+from dpgraph.ops.math import same_as_input
 from dpgraph.ops.optim import host
 
-INT32 = 2  # caffe2 TensorProto.INT32
+FLOAT, INT32 = 1, 2  # caffe2 TensorProto data types
 
 
 # --- helpers ---------------------------------------------------------------------------------
@@ -138,6 +140,14 @@ def remove_padding(ctx: OpContext) -> Outputs:
     return outs[:ctx.num_outputs]
 
 
+@register_gradient("RemovePadding")
+def _remove_padding_grad(g: GradientBuilder) -> None:
+    g_inputs = [g.GO(0)]
+    if len(g.op.input) > 1:
+        g_inputs.append(g.O(1))
+    g.add("AddPadding", g_inputs, [g.GI(0)])
+
+
 @register_op("GatherPadding", inputs=(1, 2), outputs=(1, 2))
 def gather_padding(ctx: OpContext) -> Outputs:
     """[padded, padded_lengths?] -> [start_padding_sum(, end_padding_sum)].
@@ -250,7 +260,7 @@ def _unpack_rnn_grad(g: GradientBuilder) -> None:
     g.add("PackRNNSequence", [g.GO(0), g.I(1)], [g.GI(0)])
 
 
-@register_op("ReversePackedSegs", inputs=2, outputs=1)
+@register_op("ReversePackedSegs", inputs=2, outputs=1, shape=same_as_input(0))
 def reverse_packed_segs(ctx: OpContext) -> Outputs:
     """[data (T × N × ...), lengths (N)] -> each column's first lengths[n] steps reversed."""
     data = host(ctx.inputs[0])
@@ -314,7 +324,15 @@ def lengths_gather(ctx: OpContext) -> Outputs:
 
 
 # --- LengthsTopK -----------------------------------------------------------------------------
-@register_op("LengthsTopK", inputs=2, outputs=2)
+def _lengths_top_k_shape(op: Any, shapes: list, types: list) -> list:
+    if shapes[1] is None:
+        return [None, None]
+    k = int(arguments_dict(op.arg).get("k", -1))
+    rows = (shapes[1][0] if shapes[1] else 1, k)
+    return [(rows, types[0] or FLOAT), (rows, INT32)]
+
+
+@register_op("LengthsTopK", inputs=2, outputs=2, shape=_lengths_top_k_shape)
 def lengths_top_k(ctx: OpContext) -> Outputs:
     """[X, lengths] -> [values (N × k), indices (N × k)]: each segment's k largest.
 
@@ -370,14 +388,14 @@ def _ranges(ctx: OpContext, value: Any, size: int) -> tuple[np.ndarray, np.ndarr
 
 @register_op("GatherRanges", inputs=2, outputs=2)
 def gather_ranges(ctx: OpContext) -> Outputs:
-    """[data (1-D), ranges (N × D × 2: start, length)] -> [gathered, lengths per example]."""
+    """[data (1-D), ranges (N × D × 2: start, length)] -> [gathered, int32 lengths per
+    example]."""
     data = host(ctx.inputs[0])
     if data.ndim != 1:
         raise ctx.fail(f"data must be 1-D, got shape {data.shape}")
-    ranges_dtype = host(ctx.inputs[1]).dtype
     starts, lens = _ranges(ctx, ctx.inputs[1], data.size)
     rows = _ranges_index(starts.reshape(-1), lens.reshape(-1))
-    return data[rows], lens.reshape(lens.shape[0], -1).sum(axis=1).astype(ranges_dtype)
+    return data[rows], lens.reshape(lens.shape[0], -1).sum(axis=1).astype(np.int32)
 
 
 @register_op("GatherRangesToDense", inputs=(2, 3), outputs=(1, None))

@@ -76,7 +76,7 @@ def analytic_gradients(op: caffe2_pb2.OperatorDef, inputs: Sequence[Any],
 def numeric_gradient(op: caffe2_pb2.OperatorDef, inputs: Sequence[Any], input_index: int,
                      output_grads: Mapping[int, np.ndarray], eps: float = 1e-3) -> np.ndarray:
     """Central finite differences of sum(out_k * output_grads[k]) w.r.t. one input."""
-    base = [np.array(x, dtype=np.float64) if i == input_index else x
+    base = [np.array(x, dtype=np.float64, order="C") if i == input_index else x
             for i, x in enumerate(inputs)]
     x = base[input_index]
     dtype = np.asarray(inputs[input_index]).dtype

@@ -8,10 +8,14 @@ from typing import Any
 
 import numpy as np
 
+from dpgraph.ir.arguments import arguments_dict
 from dpgraph.ir.registry import register_gradient, register_op
 from dpgraph.ops.context import OpContext, Outputs
 from dpgraph.ops.gradient_builder import GradientBuilder
+from dpgraph.ops.math import same_as_input
 from dpgraph.ops.optim import host
+
+FLOAT, BOOL, INT64 = 1, 5, 10  # caffe2 TensorProto data types
 
 
 # --- strings ---------------------------------------------------------------------------------
@@ -26,20 +30,20 @@ def _string_test(ctx: OpContext, arg: str, method: str) -> Outputs:
     return (np.array(flat, dtype=bool).reshape(strings.shape),)
 
 
-@register_op("StringStartsWith", inputs=1, outputs=1)
+@register_op("StringStartsWith", inputs=1, outputs=1, shape=same_as_input(0, BOOL))
 def string_starts_with(ctx: OpContext) -> Outputs:
     """strings -> bool tensor: which strings start with ``prefix``."""
     return _string_test(ctx, "prefix", "startswith")
 
 
-@register_op("StringEndsWith", inputs=1, outputs=1)
+@register_op("StringEndsWith", inputs=1, outputs=1, shape=same_as_input(0, BOOL))
 def string_ends_with(ctx: OpContext) -> Outputs:
     """strings -> bool tensor: which strings end with ``suffix``."""
     return _string_test(ctx, "suffix", "endswith")
 
 
 # --- IndexHash -------------------------------------------------------------------------------
-@register_op("IndexHash", inputs=1, outputs=1, inplace=[(0, 0)])
+@register_op("IndexHash", inputs=1, outputs=1, inplace=[(0, 0)], shape=same_as_input(0))
 def index_hash(ctx: OpContext) -> Outputs:
     """indices (int32/int64) -> hashed indices in [0, modulo), Caffe2's byte-wise hash:
     h = seed·0xDEADBEEF; h = h·65537 + byte for each (signed) byte; h mod modulo."""
@@ -71,7 +75,21 @@ def _descending_order(x: np.ndarray, axis: int) -> np.ndarray:
     return np.argsort(-x, axis=axis, kind="stable")
 
 
-@register_op("TopK", inputs=1, outputs=(2, 3))
+def _top_k_shape(op: Any, shapes: list, types: list) -> list:
+    if shapes[0] is None or not shapes[0]:
+        return [None] * len(op.output)
+    args = arguments_dict(op.arg)
+    axis = int(args.get("axis", -1)) % len(shapes[0])
+    k = int(args.get("k", -1))
+    out = list(shapes[0])
+    out[axis] = out[axis] if k == -1 else k
+    result = [(tuple(out), types[0] or FLOAT), (tuple(out), INT64)]
+    if len(op.output) == 3:
+        result.append(((int(np.prod(out)),), INT64))
+    return result
+
+
+@register_op("TopK", inputs=1, outputs=(2, 3), shape=_top_k_shape)
 def top_k(ctx: OpContext) -> Outputs:
     """X -> [values, indices (int64)(, flattened indices)]: the ``k`` largest along ``axis``
     (default last), in decreasing order."""
@@ -87,12 +105,10 @@ def top_k(ctx: OpContext) -> Outputs:
     order = np.take(_descending_order(x, axis), np.arange(k), axis=axis)
     values = np.take_along_axis(x, order, axis=axis)
     outs = [values, order.astype(np.int64)]
-    if ctx.num_outputs == 3:
-        moved = np.moveaxis(order, axis, -1)
-        positions = np.indices(moved.shape[:-1] + (1,))
-        flat_shape = np.moveaxis(x, axis, -1).shape
-        flat = np.ravel_multi_index((*positions[:-1], moved), flat_shape) if x.size else moved
-        outs.append(np.moveaxis(flat, -1, axis).reshape(-1).astype(np.int64))
+    if ctx.num_outputs == 3:  # positions in X.reshape(-1), in the order of values
+        coords = list(np.indices(order.shape))
+        coords[axis] = order
+        outs.append(np.ravel_multi_index(tuple(coords), x.shape).reshape(-1).astype(np.int64))
     return outs
 
 
@@ -101,7 +117,7 @@ def _top_k_grad(g: GradientBuilder) -> None:
     g.add("TopKGradient", [g.GO(0), g.O(1), g.I(0)], [g.GI(0)])
 
 
-@register_op("TopKGradient", inputs=3, outputs=1)
+@register_op("TopKGradient", inputs=3, outputs=1, shape=same_as_input(2))
 def top_k_gradient(ctx: OpContext) -> Outputs:
     """[dValues, indices, X] -> dX: dValues written back at the selected positions."""
     dvalues, indices, x = (host(v) for v in ctx.inputs)
@@ -140,7 +156,7 @@ def _flexible_top_k_grad(g: GradientBuilder) -> None:
     g.add("FlexibleTopKGradient", [g.I(0), g.I(1), g.GO(0), g.O(1)], [g.GI(0)])
 
 
-@register_op("FlexibleTopKGradient", inputs=4, outputs=1)
+@register_op("FlexibleTopKGradient", inputs=4, outputs=1, shape=same_as_input(0))
 def flexible_top_k_gradient(ctx: OpContext) -> Outputs:
     """[X, k, dValues, indices] -> dX: dValues scattered back row by row."""
     x = host(ctx.inputs[0])
@@ -259,7 +275,8 @@ def _piecewise(x: np.ndarray, bounds: np.ndarray, slopes: np.ndarray,
     return (slopes[piece] * at + intercepts[piece]).astype(np.float32)
 
 
-@register_op("PiecewiseLinearTransform", inputs=(1, 4), outputs=1)
+@register_op("PiecewiseLinearTransform", inputs=(1, 4), outputs=1,
+             shape=same_as_input(0, FLOAT))
 def piecewise_linear_transform(ctx: OpContext) -> Outputs:
     """[X (N×K or N), bounds?, slopes?, intercepts?] -> per-column piecewise-linear map.
 
@@ -291,7 +308,7 @@ def piecewise_linear_transform(ctx: OpContext) -> Outputs:
 
 
 # --- LearningRateAdaption --------------------------------------------------------------------
-@register_op("LearningRateAdaption", inputs=3, outputs=1)
+@register_op("LearningRateAdaption", inputs=3, outputs=1, shape=same_as_input(0))
 def learning_rate_adaption(ctx: OpContext) -> Outputs:
     """[lr, grad, effgrad] -> new lr: lr·(1 - lr_alpha·cos(grad, effgrad)) when
     ``normalized_lr_adaption`` (default), else lr - lr_alpha·(grad·effgrad)."""
@@ -330,7 +347,7 @@ def _gru_inputs(ctx: OpContext) -> tuple[Any, Any, np.ndarray, int]:
     return h_prev, gates, valid, d
 
 
-@register_op("GRUUnit", inputs=(3, 4), outputs=1)
+@register_op("GRUUnit", inputs=(3, 4), outputs=1, shape=same_as_input(0))
 def gru_unit(ctx: OpContext) -> Outputs:
     """[h_prev, gates (reset, update, output; pre-activation), seq_lengths?, timestep] ->
     h = u·h_prev + (1-u)·tanh(o) with u = sigmoid(update); past a sequence's end h = h_prev

@@ -1,5 +1,6 @@
 """Utility ops: StopGradient, Cast, Print, Free, EnsureDense, ZeroGradient, Alias, NanCheck,
-and small lengths/index helpers (LengthsToRanges, LengthsTile, Find, FindDuplicateElements).
+small lengths/index helpers (LengthsToRanges, LengthsTile, Find, FindDuplicateElements), and
+the control-flow ops If and While (their NetDef arguments run in the op's workspace).
 
 ``StopGradient`` and ``LengthsToRanges`` have Caffe2's ``NO_GRADIENT`` (a maker that adds
 nothing); the autodiff layer also stops at StopGradient by type.

@@ -18,9 +18,11 @@ from dpgraph.errors import (
     BlobNotFoundError,
     DeviceError,
     DpgraphError,
+    OperatorDefError,
     OperatorError,
     OperatorSchemaError,
     UnknownOperatorError,
+    UnregisteredOperatorError,
 )
 from dpgraph.ir.arguments import arguments_dict
 from dpgraph.ir.device import device_key, device_name, effective_device
@@ -236,14 +238,14 @@ def _lookup_schema(op: caffe2_pb2.OperatorDef, index: int, net_name: str) -> OpS
     try:
         schema = OPERATORS.lookup(op.type)
     except UnknownOperatorError as error:
-        raise UnknownOperatorError(f"{error} ({where}, inputs {list(op.input)}, outputs "
-                                   f"{list(op.output)})") from None
+        raise UnregisteredOperatorError(f"{error} ({where}, inputs {list(op.input)}, outputs "
+                                        f"{list(op.output)})") from None
     problem = schema.check_arity(len(op.input), len(op.output))
     if problem:
-        raise OperatorSchemaError(f"{problem} ({where}: inputs {list(op.input)}, outputs "
-                                  f"{list(op.output)}).")
+        raise OperatorDefError(f"{problem} ({where}: inputs {list(op.input)}, outputs "
+                               f"{list(op.output)}).")
     if schema.kernel is None:
-        raise OperatorSchemaError(f"Operator {op.type} ({where}) has no kernel in dpgraph.")
+        raise OperatorDefError(f"Operator {op.type} ({where}) has no kernel in dpgraph.")
     return schema
 
 
