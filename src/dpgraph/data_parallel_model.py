@@ -6,11 +6,11 @@ A thin facade: the legacy keyword arguments become one frozen
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from dpgraph.errors import NotSupportedError
+from dpgraph.memory.dpm import OptimizeGradientMemory
+from dpgraph.parallel.bmuf import Parallelize_BMUF, Parallelize_CPU_BMUF, Parallelize_GPU_BMUF
 from dpgraph.parallel.collectives_control import CollectivesConcurrencyControl
 from dpgraph.parallel.config import make_config
 from dpgraph.parallel.grouping import stripBlobName
@@ -111,39 +111,6 @@ def Parallelize_iDeep(*args: Any, **kwargs: Any) -> None:
 def Synchronize(model: Any, timeout_sec: float = _DEFAULT_BARRIER_NET_TIMEOUT_SEC) -> None:
     """Deprecated explicit barrier across hosts (warns; a no-op on one host)."""
     _synchronize(model, timeout_sec)
-
-
-def _optional(module: str, name: str, feature: str) -> Callable[..., Any]:
-    try:
-        return getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError):
-        raise NotSupportedError(
-            f"{feature} is not available in this build of dpgraph ({module}.{name} is "
-            "missing)."
-        ) from None
-
-
-def Parallelize_BMUF(*args: Any, **kwargs: Any) -> None:
-    """Blockwise model-update filtering (provided by ``dpgraph.parallel.bmuf``)."""
-    _optional("dpgraph.parallel.bmuf", "Parallelize_BMUF", "Parallelize_BMUF")(*args, **kwargs)
-
-
-def Parallelize_GPU_BMUF(*args: Any, **kwargs: Any) -> None:
-    kwargs["cpu_device"] = False
-    Parallelize_BMUF(*args, **kwargs)
-
-
-def Parallelize_CPU_BMUF(*args: Any, **kwargs: Any) -> None:
-    kwargs["cpu_device"] = True
-    Parallelize_BMUF(*args, **kwargs)
-
-
-def OptimizeGradientMemory(model: Any, input_shapes: Any, excluded_blobs: Any,
-                           recycle_activations: bool) -> None:
-    """Share gradient blobs per device (provided by ``dpgraph.memory``)."""
-    _optional("dpgraph.memory.dpm", "OptimizeGradientMemory",
-              "OptimizeGradientMemory")(model, input_shapes, excluded_blobs,
-                                        recycle_activations)
 
 
 __all__ = [
