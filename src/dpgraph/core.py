@@ -35,9 +35,15 @@ def IsOperator(op_type: str) -> bool:
     return IsOperatorWithEngine(op_type, "DEFAULT")
 
 
+#: Engines whose ops dpgraph serves with its own kernels (numpy, CuPy or a collective
+#: backend); Caffe2 registered such ops under ``<type>_ENGINE_<engine>``.
+SERVED_ENGINES = frozenset({"DEFAULT", "", "CUDNN", "TENSORCORE", "EIGEN", "GLOO", "NCCL",
+                            "MKLDNN", "IDEEP"})
+
+
 def IsOperatorWithEngine(op_type: str, engine: str) -> bool:
-    """dpgraph kernels serve every engine, so only the type matters."""
-    return op_type in OPERATORS
+    """True if ``op_type`` is registered and ``engine`` is one dpgraph serves."""
+    return op_type in OPERATORS and engine in SERVED_ENGINES
 
 
 def RegisteredOperators() -> list[str]:

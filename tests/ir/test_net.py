@@ -265,3 +265,9 @@ def test_bad_argument_leaves_net_unchanged() -> None:
     with pytest.raises(ValueError):
         net.Relu("x", "y", bad=object())
     assert len(net.Proto().op) == 0 and len(net.Proto().external_input) == 0
+
+
+def test_operator_engines() -> None:
+    assert core.IsOperator("Relu") and core.IsOperatorWithEngine("Relu", "CUDNN")
+    assert not core.IsOperatorWithEngine("Relu", "NO_SUCH_ENGINE")
+    assert not core.IsOperator("NoSuchOp")
