@@ -31,6 +31,7 @@ from dpgraph.parallel.predictor import (
     ExtractPredictorNet,
     GetLearningRateBlobNames,
 )
+from dpgraph.parallel.validate import check_device_scope
 
 _DEFAULT_TIMEOUT_SEC = 30
 _DEFAULT_BARRIER_NET_TIMEOUT_SEC = 300
@@ -71,6 +72,7 @@ def Parallelize(
     order), then ``param_update_builder_fun`` runs per device (or
     ``optimizer_builder_fun`` once).  If anything raises, the model is left unchanged.
     """
+    check_device_scope()  # first, as in Caffe2 (before devices are resolved)
     config = make_config(
         devices=devices, input_builder_fun=input_builder_fun,
         forward_pass_builder_fun=forward_pass_builder_fun,

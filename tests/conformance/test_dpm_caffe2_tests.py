@@ -43,7 +43,7 @@ def run_model(devices: list[int], gpu: bool) -> np.ndarray:
                                    allow_lr_injection=True)
 
     workspace.ResetWorkspace()
-    model = cnn.CNNModelHelper(order="NHWC", name="test{}".format(devices))
+    model = cnn.CNNModelHelper(order="NHWC", name=f"test{devices}")
     data_parallel_model.Parallelize(
         model, input_builder_fun=input_builder_fun, forward_pass_builder_fun=model_build_fun,
         optimizer_builder_fun=add_optimizer, devices=devices, cpu_device=not gpu,
@@ -65,8 +65,8 @@ def run_model(devices: list[int], gpu: bool) -> np.ndarray:
             data = full_data[st:en, :].astype(np.float32)
             labels = full_labels[st:en].astype(np.float32)
             with core.DeviceScope(core.DeviceOption(model._device_type, g)):
-                workspace.FeedBlob("{}_{}/data".format(model._device_prefix, g), data)
-                workspace.FeedBlob("{}_{}/label".format(model._device_prefix, g), labels)
+                workspace.FeedBlob(f"{model._device_prefix}_{g}/data", data)
+                workspace.FeedBlob(f"{model._device_prefix}_{g}/label", labels)
         if i == 0:
             workspace.RunNetOnce(model.param_init_net)
             workspace.CreateNet(model.net)
@@ -75,9 +75,9 @@ def run_model(devices: list[int], gpu: bool) -> np.ndarray:
             device_option=core.DeviceOption(model._device_type, 0))
         workspace.RunNet(model.net.Proto().name)
         for j in model._devices:
-            sync = workspace.FetchBlob(model._device_prefix + "_{}/sync_num".format(j))[0]
+            sync = workspace.FetchBlob(model._device_prefix + f"_{j}/sync_num")[0]
             assert abs(sync - i * 2) < 0.01
-    return workspace.FetchBlob("{}_0/fc_w".format(model._device_prefix))
+    return workspace.FetchBlob(f"{model._device_prefix}_0/fc_w")
 
 
 @pytest.mark.parametrize("gpu", [False, True])
@@ -218,3 +218,270 @@ def test_net_transformer_function() -> None:
     assert transform.called
     assert transform.call_count == 1
     transform.assert_called_once_with(model, 3, "cpu", model._device_type)
+
+
+# ------------------------------------------------------------------ ParallelizeBMUFTest
+
+def _bmuf_model_build_fun(model, loss_scale):
+    fc = model.FC("data", "fc", 16, 1, ("ConstantFill", {}), ("ConstantFill", {}))
+    fc_fl = model.FlattenToVec(fc, "fc_fl")
+    sigm = model.Sigmoid(fc_fl, "sigm")
+    sq = model.SquaredL2Distance([sigm, "label"], "sq")
+    loss = model.AveragedLoss(sq, "loss")
+    loss = model.Scale(loss, scale=loss_scale)
+    return [loss]
+
+
+def _bmuf_param_update_fun(model):
+    ITER = model.Iter("ITER")
+    LR = model.net.LearningRate([ITER], "LR", base_lr=(-0.1), policy="fixed")
+    ONE = model.param_init_net.ConstantFill([], "ONE", shape=[1], value=1.0)
+    for param in model.GetParams():
+        grad = model.param_to_grad[param]
+        model.WeightedSum([param, ONE, grad, LR], param)
+
+
+def _bmuf_generate_data(devices, device_type, device_prefix):
+    np.random.seed(26)
+    batch_size = 64
+    for _ in range(0, 10):
+        full_data = np.random.rand(batch_size, 16)
+        full_labels = np.round(full_data[:, 0])
+        batch_per_device = batch_size // len(devices)
+        for (j, g) in enumerate(devices):
+            st = j * batch_per_device
+            en = st + batch_per_device
+            data = full_data[st:en, :].astype(np.float32)
+            labels = full_labels[st:en].astype(np.float32)
+            with core.DeviceScope(core.DeviceOption(device_type, g)):
+                workspace.FeedBlob("{}_{}/data".format(device_prefix, g), data)
+                workspace.FeedBlob("{}_{}/label".format(device_prefix, g), labels)
+
+
+@pytest.mark.parametrize("cpu_device", [True, False])
+def test_parallelize_bmuf(cpu_device: bool) -> None:
+    from dpgraph.proto import caffe2_pb2
+
+    workspace.ResetWorkspace()
+    model = cnn.CNNModelHelper(order="NHWC", name="test")
+    devices = [0, 1]
+    if not cpu_device:
+        workspace.SetVirtualGpus(2)
+        device_type, device_prefix = workspace.GpuDeviceType, "gpu"
+    else:
+        device_type, device_prefix = caffe2_pb2.CPU, "cpu"
+    _bmuf_generate_data(devices, device_type, device_prefix)
+    data_parallel_model.Parallelize_BMUF(
+        model, lambda m: None, _bmuf_model_build_fun, _bmuf_param_update_fun,
+        devices=devices, cpu_device=cpu_device)
+    data_parallel_model.RunInitNet(model)
+
+    assert list(model._device_grouped_blobs.keys()) == ["fc_w", "fc_b"]
+    assert workspace.FetchBlob("{}_0/fc_b_v".format(device_prefix)) == 0
+    np.testing.assert_equal(workspace.FetchBlob("{}_0/fc_w_v".format(device_prefix)),
+                            np.zeros(16).astype(np.float32).reshape(1, 16))
+
+    data_parallel_model.RunNet(model, 1)
+    v_b_ = workspace.FetchBlob("{}_0/fc_b_v".format(device_prefix))
+    v_w_ = workspace.FetchBlob("{}_0/fc_w_v".format(device_prefix))
+    workspace.RunNetOnce(model.net)
+
+    b_0_ = workspace.FetchBlob("{}_0/fc_b".format(device_prefix))
+    w_0_ = workspace.FetchBlob("{}_0/fc_w".format(device_prefix))
+    b_1_ = workspace.FetchBlob("{}_1/fc_b".format(device_prefix))
+    w_1_ = workspace.FetchBlob("{}_1/fc_w".format(device_prefix))
+    b_g_ = workspace.FetchBlob("{}_0/fc_b_g".format(device_prefix))
+    w_g_ = workspace.FetchBlob("{}_0/fc_w_g".format(device_prefix))
+    workspace.RunNetOnce(model._global_model_param_updates_net)
+
+    g_b = (b_0_ + b_1_) / 2 - b_g_
+    g_w = (w_0_ + w_1_) / 2 - w_g_
+    v_b = workspace.FetchBlob("{}_0/fc_b_v".format(device_prefix))
+    v_w = workspace.FetchBlob("{}_0/fc_w_v".format(device_prefix))
+    w_g = workspace.FetchBlob("{}_0/fc_w_g".format(device_prefix))
+    b_g = workspace.FetchBlob("{}_0/fc_b_g".format(device_prefix))
+    w_0 = workspace.FetchBlob("{}_0/fc_w".format(device_prefix))
+    b_0 = workspace.FetchBlob("{}_0/fc_b".format(device_prefix))
+    w_1 = workspace.FetchBlob("{}_1/fc_w".format(device_prefix))
+    b_1 = workspace.FetchBlob("{}_1/fc_b".format(device_prefix))
+
+    np.testing.assert_allclose(v_b, 0.5 * v_b_ + g_b, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(v_w, 0.5 * v_w_ + g_w, rtol=1e-6, atol=1e-7)
+    np.testing.assert_equal(w_g, w_0)
+    np.testing.assert_equal(w_g, w_1)
+    np.testing.assert_equal(b_g, b_0)
+    np.testing.assert_equal(b_g, b_1)
+    np.testing.assert_allclose(w_0, w_g_ + v_w, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(b_0, b_g_ + v_b, rtol=1e-6, atol=1e-7)
+
+
+# ------------------------------------------------------------- SparseDataParallelModelTest
+
+def run_sparse_model(V: int, gpu_devices: list[int], cpu_indices: bool):
+    from dpgraph.proto import caffe2_pb2
+
+    state: dict = {}
+
+    def input_builder_fun(model):
+        return None
+
+    def model_build_fun(model, loss_scale):
+        if cpu_indices:
+            with core.DeviceScope(core.DeviceOption(caffe2_pb2.CPU)):
+                gathered_cpu = model.net.Gather([state["vecs"], "indices"], "gathered_cpu")
+            gathered = model.CopyCPUToGPU(gathered_cpu, "gathered")
+        else:
+            gpu_vecs = model.param_init_net.CopyCPUToGPU(state["vecs"], "gpuvecs")
+            model.params.append(gpu_vecs)
+            gathered = model.net.Gather([gpu_vecs, "indices"], "gathered")
+        flattened = model.Flatten(gathered, "flattened")
+        fc = model.FC(flattened, "fc", 16 * 16, 1, ("ConstantFill", {}), ("ConstantFill", {}))
+        fc_fl = model.FlattenToVec(fc, "fc_fl")
+        sigm = model.Sigmoid(fc_fl, "sigm")
+        sq = model.SquaredL2Distance([sigm, "label"], "sq")
+        loss = model.AveragedLoss(sq, "loss")
+        loss = model.Scale(loss, scale=loss_scale)
+        return [loss]
+
+    def param_update_fun(model):
+        ONE = model.param_init_net.ConstantFill([], "ONE", shape=[1], value=1.0)
+        LR = model.CopyCPUToGPU(state["LR"], "LR")
+        for param in model.GetParams():
+            param_grad = model.param_to_grad[param]
+            if not isinstance(param_grad, core.GradientSlice):
+                model.WeightedSum([param, ONE, param_grad, LR], param)
+            else:
+                param_momentum = model.param_init_net.ConstantFill(
+                    [param], param + "_momentum", value=0.0)
+                model.net.SparseMomentumSGDUpdate(
+                    [param_grad.values, param_momentum, LR, param, param_grad.indices],
+                    [param_grad.values, param_momentum, param], momentum=0.1, nesterov=0)
+
+    workspace.ResetWorkspace()
+    model = cnn.CNNModelHelper(order="NHWC", name="sparse_test{}".format(gpu_devices))
+    with core.NameScope("cpu"):
+        with core.DeviceScope(core.DeviceOption(caffe2_pb2.CPU)):
+            state["ITER"] = model.Iter("ITER")
+            state["LR"] = model.net.LearningRate([state["ITER"]], "LR", base_lr=(-0.1),
+                                                 policy="fixed")
+            state["vecs"] = model.param_init_net.UniformFill([], "vecs", shape=[V, 16])
+            if cpu_indices:
+                model.params.append(state["vecs"])
+            state["ONE_CPU"] = model.param_init_net.ConstantFill([], "ONE_CPU", shape=[1],
+                                                                 value=1.0)
+    data_parallel_model.Parallelize_GPU(
+        model, input_builder_fun=input_builder_fun, forward_pass_builder_fun=model_build_fun,
+        param_update_builder_fun=param_update_fun, devices=gpu_devices)
+    if cpu_indices:
+        with core.NameScope("cpu"):
+            with core.DeviceScope(core.DeviceOption(caffe2_pb2.CPU)):
+                for param in model.GetParams():
+                    param_grad = model.param_to_grad[param]
+                    model.ScatterWeightedSum([param, state["ONE_CPU"], param_grad.indices,
+                                              param_grad.values, state["LR"]], state["vecs"])
+    else:
+        with core.DeviceScope(core.DeviceOption(workspace.GpuDeviceType, 0)):
+            model.CopyGPUToCPU("gpu_0/gpuvecs", state["vecs"])
+
+    np.random.seed(2603)
+    batch_size = 32
+    for i in range(0, 3):
+        full_indices = np.random.permutation(V)[:batch_size * 16].reshape(batch_size, 16)
+        full_labels = full_indices[:, 0] % 2
+        batch_per_device = batch_size // len(gpu_devices)
+        for (j, g) in enumerate(gpu_devices):
+            st = j * batch_per_device
+            en = st + batch_per_device
+            indices = full_indices[st:en, :].astype(np.int32)
+            labels = full_labels[st:en].astype(np.float32)
+            device_for_indices = core.DeviceOption(workspace.GpuDeviceType, g)
+            if cpu_indices:
+                device_for_indices = core.DeviceOption(caffe2_pb2.CPU)
+            with core.DeviceScope(device_for_indices):
+                workspace.FeedBlob("gpu_{}/indices".format(g), indices)
+            with core.DeviceScope(core.DeviceOption(workspace.GpuDeviceType, g)):
+                workspace.FeedBlob("gpu_{}/label".format(g), labels)
+        if i == 0:
+            workspace.RunNetOnce(model.param_init_net)
+            orig_vecs = np.random.rand(V, 16).astype(np.float32)
+            workspace.FeedBlob(state["vecs"], orig_vecs)
+            if not cpu_indices:
+                for g in gpu_devices:
+                    workspace.FeedBlob(
+                        "gpu_{}/gpuvecs".format(g), orig_vecs,
+                        device_option=core.DeviceOption(workspace.GpuDeviceType, g))
+            workspace.CreateNet(model.net)
+        workspace.RunNet(model.net.Proto().name)
+        if len(gpu_devices) == 2 and not cpu_indices:
+            idx = list(workspace.FetchBlob("gpu_0/indices").flatten())
+            assert len(idx) == len(set(idx)), "We cannot have duplicate indices"
+    assert not np.allclose(workspace.FetchBlob(state["vecs"]), orig_vecs)
+    return [workspace.FetchBlob(state["vecs"] if cpu_indices else "gpu_0/gpuvecs"),
+            workspace.FetchBlob("gpu_0/fc_w")]
+
+
+@pytest.mark.parametrize("cpu_indices", [True, False])
+def test_equiv_sparse(cpu_indices: bool) -> None:
+    workspace.SetVirtualGpus(4)
+    V = 2000
+    result_2 = run_sparse_model(V, [0, 1], cpu_indices)
+    result_1 = run_sparse_model(V, [0], cpu_indices)
+    assert np.allclose(result_1[0], result_2[0])
+    assert np.allclose(result_1[1], result_2[1])
+    result_4 = run_sparse_model(V, list(range(4)), cpu_indices)
+    assert np.allclose(result_1[0], result_4[0])
+    assert np.allclose(result_1[1], result_4[1])
+
+
+# ------------------------------------------------ multi-device SpatialBN (combine_spatial_bn)
+
+@pytest.mark.parametrize("seed,batch_size", [(0, 1), (7, 5), (123, 12)])
+def test_multi_device_bn_op_level_cpu(seed: int, batch_size: int) -> None:
+    devices = [0, 1]
+    epsilon = 1e-3
+    np.random.seed(seed)
+    scale = np.random.rand(1).astype(np.float32)
+    bias = np.random.rand(1).astype(np.float32)
+    xs = [np.random.rand(batch_size, 1, 1, 1).astype(np.float32) for _ in devices]
+
+    def add_input_ops(model):
+        for device in devices:
+            workspace.FeedBlob("cpu_{}/data".format(device), xs[device])
+
+    def add_model_ops(model, loss_scale):
+        model.SpatialBN("data", "bn_out", 1, epsilon=epsilon, is_test=False)
+        model.Sqr("bn_out", "bn_out_sq")
+        loss = model.SumElements("bn_out_sq", "loss")
+        return [model.Scale(loss, "loss_scaled", scale=loss_scale)]
+
+    model = cnn.CNNModelHelper(order="NCHW", name="test")
+    data_parallel_model.Parallelize(
+        model, input_builder_fun=add_input_ops, forward_pass_builder_fun=add_model_ops,
+        optimizer_builder_fun=lambda m: optimizer.build_sgd(m, 0.1), devices=devices,
+        cpu_device=True, shared_model=False, combine_spatial_bn=True)
+    workspace.RunNetOnce(model.param_init_net)
+    for device in devices:
+        workspace.FeedBlob("cpu_{}/bn_out_s".format(device), scale)
+        workspace.FeedBlob("cpu_{}/bn_out_b".format(device), bias)
+    workspace.CreateNet(model.net)
+    workspace.RunNet(model.net)
+
+    x = np.concatenate(xs)
+    mean, var = np.mean(x, axis=0), np.var(x, axis=0)
+    inv_std = 1.0 / np.sqrt(var + epsilon)
+    x_hats = [(xi - mean) * inv_std for xi in xs]
+    for device in devices:
+        np.testing.assert_allclose(workspace.FetchBlob("cpu_{}/bn_out".format(device)),
+                                   scale * x_hats[device] + bias, rtol=5e-3, atol=1e-5)
+    dys = [workspace.FetchBlob("cpu_{}/bn_out_grad".format(d)) for d in devices]
+    d_bias = sum(np.sum(dy) for dy in dys)
+    d_gamma = sum(np.sum(dy * xh) for dy, xh in zip(dys, x_hats))
+    n = x.shape[0]
+    for device in devices:
+        np.testing.assert_allclose(workspace.FetchBlob("cpu_{}/bn_out_b_grad".format(device)),
+                                   [d_bias], rtol=1e-3, atol=1e-4)
+        np.testing.assert_allclose(workspace.FetchBlob("cpu_{}/bn_out_s_grad".format(device)),
+                                   [d_gamma], rtol=1e-3, atol=1e-4)
+        expected_dx = scale * inv_std / n * (n * dys[device] - d_bias - x_hats[device] * d_gamma)
+        np.testing.assert_allclose(workspace.FetchBlob("cpu_{}/data_grad".format(device)),
+                                   expected_dx, rtol=1e-3, atol=1e-4)

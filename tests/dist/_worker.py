@@ -72,7 +72,32 @@ def scenario_collectives(cfg: dict[str, Any]) -> dict[str, Any]:
     workspace.CreateNet(net)
     workspace.RunNet(net.Name())
     names = ["cpu_0/g", "cpu_1/g", "w", "r", "gathered", "s_mine"]
-    return {name: workspace.FetchBlob(name).tolist() for name in names}
+    result = {name: workspace.FetchBlob(name).tolist() for name in names}
+    result["dag"] = dag_allreduces(rank).tolist()
+    return result
+
+
+def dag_allreduces(rank: int, count: int = 6, slots: int = 2) -> np.ndarray:
+    """Parallelize's pattern on a "dag" net: collectives spread over ``slots`` common worlds
+    (created once, then cloned), each chained to the previous one on its slot."""
+    init = core.Net("dag_init")
+    for slot in range(1, slots):
+        init.CloneCommonWorld(["cw"], [f"cw_{slot}"], engine="GLOO")
+    workspace.RunNetOnce(init)
+    net = core.Net("dag")
+    net.Proto().type = "dag"
+    net.Proto().num_workers = 4
+    previous: dict[int, str] = {}
+    for k in range(count):
+        blob = f"grad_{k}"
+        workspace.FeedBlob(blob, np.full(5, (rank + 1) * (k + 1), np.float32))
+        slot = k % slots
+        world = "cw" if slot == 0 else f"cw_{slot}"
+        net.Allreduce([world, blob], [blob], engine="GLOO",
+                      control_input=[previous[slot]] if slot in previous else None)
+        previous[slot] = blob
+    workspace.RunNetOnce(net)
+    return np.stack([workspace.FetchBlob(f"grad_{k}") for k in range(count)])
 
 
 def scenario_kill(cfg: dict[str, Any]) -> dict[str, Any]:

@@ -29,6 +29,9 @@ def _check_collectives(results: list[dict[str, Any]], size: int) -> None:
         s_total = np.arange(size * 2, dtype=np.float32).reshape(size, 2) * sum(
             range(1, size + 1))
         np.testing.assert_array_equal(result["s_mine"], s_total[rank:rank + 1])
+        ranks_sum = size * (size + 1) / 2
+        np.testing.assert_array_equal(result["dag"], np.outer(np.arange(1, 7) * ranks_sum,
+                                                              np.ones(5)))
 
 
 def test_two_ranks_file_store(file_store: dict[str, Any]) -> None:

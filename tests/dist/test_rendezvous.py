@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 from conftest import free_port
 
+from dpgraph import workspace
 from dpgraph.collectives import Rendezvous, as_rendezvous, file_store, rendezvous_from_env
-from dpgraph.collectives.rendezvous import join_world
+from dpgraph.collectives.rendezvous import ENV_STORE_BLOB, join_world
 from dpgraph.errors import CollectiveTimeoutError, RendezvousError
 from dpgraph.ir.blob import BlobReference
 
@@ -61,11 +62,17 @@ def test_from_env() -> None:
     port = str(free_port())
     env = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
            "MASTER_PORT": port}
-    master = rendezvous_from_env(environ=env, timeout=5)
-    worker = rendezvous_from_env(environ={**env, "RANK": "1", "LOCAL_RANK": "1"}, timeout=5)
+    master = rendezvous_from_env(environ=env, timeout=5, blob=None)
+    worker = rendezvous_from_env(environ={**env, "RANK": "1", "LOCAL_RANK": "1"}, timeout=5,
+                                 blob=None)
     assert (master.shard_id, worker.shard_id, worker.local_rank) == (0, 1, 1)
     master.store.set("k", "v")
     assert bytes(worker.store.get("k")) == b"v"
+    # By default the store goes into the workspace and the rendezvous names its blob.
+    named = rendezvous_from_env(environ={**env, "RANK": "1"}, timeout=5)
+    assert named.store == ENV_STORE_BLOB and named.store_is_blob
+    assert bytes(workspace.FetchBlob(ENV_STORE_BLOB).get("k")) == b"v"
+    workspace.ResetWorkspace()
 
 
 def _join_all(path: Path, specs: list[dict[str, Any]], timeout: float) -> list[Any]:

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from dpgraph import brew, core, optimizer
-from dpgraph.errors import ModelConfigError, NotSupportedError
+from dpgraph.errors import ModelConfigError
 from dpgraph.ir.arguments import arguments_dict
 from dpgraph.model_helper import ModelHelper
 from dpgraph.modeling import PseudoFP16Initializer
@@ -230,8 +230,8 @@ def test_weight_decay_and_misuse() -> None:
     model = _model()
     optimizer.build_sgd(model, 0.0)
     assert not _ops(model.net, "WeightedSum")
-    with pytest.raises(NotSupportedError):
-        optimizer.SgdOptimizer(0.1, lars=0.5)
+    with pytest.raises(ModelConfigError, match="Lars offset"):
+        optimizer.build_sgd(_model(), 0.1, lars=-1.0)
     with pytest.raises(NotImplementedError):
         optimizer.Optimizer().scale_learning_rate(2.0)
     sgd = optimizer.SgdOptimizer(0.1)

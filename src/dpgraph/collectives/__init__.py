@@ -17,6 +17,7 @@ from dpgraph.collectives.rendezvous import (
     Rendezvous,
     as_rendezvous,
     file_store,
+    put_store_blob,
     rendezvous_from_env,
     tcp_store,
 )
@@ -24,5 +25,5 @@ from dpgraph.collectives.rendezvous import (
 __all__ = [
     "DEFAULT_TIMEOUT_SEC", "Backend", "BaseBackend", "Rendezvous", "as_rendezvous",
     "backend_for_engine", "backend_names", "check_available", "create_backend", "file_store",
-    "register_backend", "rendezvous_from_env", "tcp_store",
+    "put_store_blob", "register_backend", "rendezvous_from_env", "tcp_store",
 ]

@@ -116,8 +116,12 @@ def local_sum(buffers: Sequence[Any]) -> np.ndarray:
     return total
 
 
-def check_buffers(buffers: Sequence[Any], what: str) -> None:
-    """Every local copy must exist and agree in shape and dtype."""
+def check_buffers(buffers: Sequence[Any], what: str | Callable[[], str]) -> None:
+    """Every local copy must exist and agree in shape and dtype (``what`` names the op)."""
+    if len(buffers) == 1:
+        return
+    if not isinstance(what, str):
+        what = what()
     if not buffers:
         raise CollectiveError(f"{what}: no buffers given; pass at least one local copy.")
     shape, dtype = tuple(buffers[0].shape), buffers[0].dtype
@@ -157,7 +161,7 @@ class BaseBackend(ABC):
     def allreduce(self, buffers: Sequence[Any], timeout: float | None = None) -> list[Any]:
         buffers = list(buffers)
         self._check_open("allreduce")
-        check_buffers(buffers, self._what("allreduce"))
+        check_buffers(buffers, lambda: self._what("allreduce"))
         total = self._contiguous(local_sum(buffers))
         if self.size > 1 and total.size:
             self._run("allreduce", timeout, lambda t: self._allreduce_host(total, t))
@@ -168,7 +172,7 @@ class BaseBackend(ABC):
                   timeout: float | None = None) -> list[Any]:
         buffers = list(buffers)
         self._check_open("broadcast")
-        check_buffers(buffers, self._what("broadcast"))
+        check_buffers(buffers, lambda: self._what("broadcast"))
         self._check_root(root, "broadcast")
         host = to_host(buffers[0])
         if self.size > 1 and host.size:
@@ -181,7 +185,7 @@ class BaseBackend(ABC):
                timeout: float | None = None) -> list[Any]:
         buffers = list(buffers)
         self._check_open("reduce")
-        check_buffers(buffers, self._what("reduce"))
+        check_buffers(buffers, lambda: self._what("reduce"))
         self._check_root(root, "reduce")
         if self.rank != root:  # the local sum must not clobber a non-root's copies
             total = local_sum([to_host(buffers[0]).copy(), *buffers[1:]])
@@ -196,7 +200,7 @@ class BaseBackend(ABC):
     def allgather(self, buffers: Sequence[Any], timeout: float | None = None) -> np.ndarray:
         buffers = list(buffers)
         self._check_open("allgather")
-        check_buffers(buffers, self._what("allgather"))
+        check_buffers(buffers, lambda: self._what("allgather"))
         local = np.stack([to_host(b) for b in buffers])
         if self.size == 1:
             return local
@@ -208,7 +212,7 @@ class BaseBackend(ABC):
     def reduce_scatter(self, buffers: Sequence[Any], timeout: float | None = None) -> list[Any]:
         buffers = list(buffers)
         self._check_open("reduce_scatter")
-        check_buffers(buffers, self._what("reduce_scatter"))
+        check_buffers(buffers, lambda: self._what("reduce_scatter"))
         rows = buffers[0].shape[0] if buffers[0].ndim else 0
         if rows % self.size:
             raise CollectiveError(

@@ -8,8 +8,10 @@ worlds.  Buffers are reduced in place: torch tensors share the numpy arrays' mem
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import logging
+import weakref
 from typing import Any
 
 import numpy as np
@@ -45,6 +47,16 @@ def _delta(seconds: float) -> datetime.timedelta:
 
 _DEVICES: dict[str, Any] = {}
 
+# Worlds still open.  They are closed at exit, before the interpreter tears torch down:
+# a process group destroyed during finalisation can abort the process.
+_OPEN: weakref.WeakSet[GlooBackend] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_worlds() -> None:
+    for world in list(_OPEN):
+        world.close()
+
 
 def _device(dist: Any, interface: str) -> Any:
     """One Gloo TCP device per interface (``""``: the host name's address)."""
@@ -69,6 +81,7 @@ class GlooBackend(BaseBackend):
         super().__init__(name, rank, size, timeout, engine)
         self._torch, self._dist = _torch()
         self.store = store
+        self._allreduce_options: dict[float, tuple[Any, datetime.timedelta]] = {}
         self.transport = transport
         self.interface = interface
         if transport != "tcp":
@@ -76,6 +89,7 @@ class GlooBackend(BaseBackend):
                            "falls back to tcp.", name, transport)
         prefix, self.members = join_world(store, name, rank, size, engine, transport, timeout)
         self._group = self._make_group(prefix)
+        _OPEN.add(self)
 
     def _make_group(self, prefix: str) -> Any:
         dist = self._dist
@@ -104,6 +118,7 @@ class GlooBackend(BaseBackend):
     def close(self) -> None:
         super().close()
         self._group = None
+        _OPEN.discard(self)
 
     def missing_ranks(self) -> str:
         return describe_missing(self.members, self.rank)
@@ -116,10 +131,15 @@ class GlooBackend(BaseBackend):
         work.wait(_delta(timeout + _WAIT_MARGIN_SEC))
 
     def _allreduce_host(self, buffer: np.ndarray, timeout: float) -> None:
-        options = self._dist.AllreduceOptions()
-        options.reduceOp = self._dist.ReduceOp.SUM
-        options.timeout = _delta(timeout)
-        self._wait(self._group.allreduce([self._tensor(buffer)], options), timeout)
+        cached = self._allreduce_options.get(timeout)
+        if cached is None:  # built once per timeout: the hot path only looks it up
+            options = self._dist.AllreduceOptions()
+            options.reduceOp = self._dist.ReduceOp.SUM
+            options.timeout = _delta(timeout)
+            cached = self._allreduce_options[timeout] = (options,
+                                                         _delta(timeout + _WAIT_MARGIN_SEC))
+        options, wait = cached
+        self._group.allreduce([self._torch.from_numpy(buffer)], options).wait(wait)
 
     def _broadcast_host(self, buffer: np.ndarray, root: int, timeout: float) -> None:
         options = self._dist.BroadcastOptions()

@@ -186,11 +186,29 @@ def tcp_store(host: str, port: int, is_master: bool | None = None,
     return dist.PrefixStore(prefix + "/", store) if prefix else store
 
 
+ENV_STORE_BLOB = "dpgraph_env_kv_handler"
+
+
+def put_store_blob(name: str, store: Any) -> str:
+    """Place a store object in the current workspace as blob ``name`` (FeedBlob takes arrays
+    only), so ``CreateCommonWorld([name], ...)`` can read it; return ``name``."""
+    from dpgraph.runtime.api import current
+
+    current().set_blob(name, store, None)
+    return name
+
+
 def rendezvous_from_env(engine: str = "GLOO", timeout: float = DEFAULT_TIMEOUT_SEC,
-                        environ: Mapping[str, str] | None = None) -> Rendezvous:
+                        environ: Mapping[str, str] | None = None,
+                        blob: str | None = ENV_STORE_BLOB) -> Rendezvous:
     """The rendezvous torchrun describes: ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
-    ``MASTER_ADDR`` (default ``127.0.0.1``) and ``MASTER_PORT``; rank 0 serves a TCPStore
-    unless torchrun's agent already serves one."""
+    ``MASTER_ADDR`` (default ``127.0.0.1``) and ``MASTER_PORT``.
+
+    Rank 0 serves a TCPStore on ``MASTER_PORT`` unless torchrun's agent already serves one.
+    With ``blob`` (the default) the store is put in the current workspace under that name
+    and the rendezvous names the blob, as Caffe2's ``kv_handler`` does; ``blob=None`` keeps
+    the store object in :attr:`Rendezvous.store`.
+    """
     env = os.environ if environ is None else environ
     missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_PORT") if not env.get(k)]
     if missing:
@@ -201,13 +219,14 @@ def rendezvous_from_env(engine: str = "GLOO", timeout: float = DEFAULT_TIMEOUT_S
         local_rank = int(env["LOCAL_RANK"]) if env.get("LOCAL_RANK") else None
     except ValueError as error:
         raise RendezvousError(f"rendezvous_from_env: a variable is not an int: {error}") from error
+    store: Any = None
     if size > 1:
         agent = env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
         master = None if rank == 0 and not agent else False
         store = tcp_store(env.get("MASTER_ADDR") or "127.0.0.1", port, master, None,
                           prefix="dpgraph", timeout=max(timeout, 60.0))
-    else:
-        store = None
+        if blob is not None:
+            store = put_store_blob(blob, store)
     return Rendezvous(store=store, shard_id=rank, num_shards=size, engine=engine,
                       timeout=timeout, local_rank=local_rank)
 

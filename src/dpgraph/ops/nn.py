@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from dpgraph.errors import GradientError
+from dpgraph.errors import GradientError, NotSupportedError
 from dpgraph.ir.arguments import arguments_dict
 from dpgraph.ir.registry import register_gradient, register_op
 from dpgraph.ops import _conv_util as cu
@@ -517,3 +517,172 @@ def _register_pool(op_type: str, kind: str) -> None:
 for _base, _kind in (("MaxPool", "max"), ("AveragePool", "avg")):
     for _suffix in ("", "1D", "2D", "3D"):
         _register_pool(_base + _suffix, _kind)
+
+
+# --- MaxPoolWithIndex (Caffe2's CUDA-only op; the same math on any device here) -----------
+def _max_pool_with_index_setup(ctx: OpContext, x: Any) -> cu.Geometry:
+    if cu.check_order(ctx) != "NCHW":
+        raise NotSupportedError(ctx.describe(
+            "MaxPoolWithIndex supports order NCHW only (as Caffe2's kernel); transpose the "
+            "input or use MaxPool"))
+    if x.ndim != 4:
+        raise ctx.fail(f"MaxPoolWithIndex only supports 4-D inputs, got shape {x.shape}")
+    geom = cu.parse_geometry(ctx, x.shape[2:], pooling=True)
+    if any(d != 1 for d in geom.dilation):
+        raise NotSupportedError(ctx.describe("MaxPoolWithIndex does not support dilation"))
+    return geom
+
+
+def _max_pool_with_index_shape(op: caffe2_pb2.OperatorDef, shapes: list[Shape | None],
+                               types: list[int | None]) -> ShapeResult:
+    pooled = _pool_shape(op, shapes, types)[0]
+    if pooled is None:
+        return [None, None]
+    return [pooled, ((math.prod(pooled[0]),), caffe2_pb2.TensorProto.INT32)]
+
+
+@register_op("MaxPoolWithIndex", inputs=1, outputs=2, shape=_max_pool_with_index_shape)
+def max_pool_with_index(ctx: OpContext) -> Outputs:
+    """X (NCHW) -> [Y, index]: max pooling plus, per output (flattened, int32), the position
+    ``h * W + w`` of the first maximum of its window in row-major order (-1 if none)."""
+    (x,) = ctx.inputs
+    xp = ctx.xp
+    geom = _max_pool_with_index_setup(ctx, x)
+    width, out = x.shape[3], geom.out_shape(x.shape[2:])
+    if any(o < 1 for o in out) and x.size:
+        raise ctx.fail(f"kernel {geom.kernel} is larger than the padded input {x.shape}")
+    xpad = cu.pad_spatial(xp, x, geom, -np.inf)
+    y = xp.full((*x.shape[:2], *out), -np.finfo(x.dtype).max, dtype=x.dtype)
+    index = xp.full(y.shape, -1, dtype=np.int32)
+    rows = xp.arange(out[0]).reshape(-1, 1) * geom.stride[0] - geom.pad_head[0]
+    cols = xp.arange(out[1]).reshape(1, -1) * geom.stride[1] - geom.pad_head[1]
+    for (kh, kw), block in cu.offset_slices(geom, out):
+        values = xpad[block]
+        better = values > y
+        y = xp.where(better, values, y)
+        position = ((rows + kh) * width + (cols + kw)).astype(np.int32)
+        index = xp.where(better, position, index)
+    return y, index.reshape(-1)
+
+
+@register_op("MaxPoolWithIndexGradient", inputs=3, outputs=1, shape=_pool_grad_shape)
+def max_pool_with_index_gradient(ctx: OpContext) -> Outputs:
+    """[X, dY, index] -> dX: each dY value added at its window's recorded argmax."""
+    x, dy, index = ctx.inputs
+    xp = ctx.xp
+    _max_pool_with_index_setup(ctx, x)
+    if index.size != dy.size:
+        raise ctx.fail(f"index has {index.size} entries for {dy.size} output gradients")
+    planes, plane = x.shape[0] * x.shape[1], x.shape[2] * x.shape[3]
+    if not planes or not dy.size:
+        return (xp.zeros_like(x),)
+    idx = index.reshape(planes, -1).astype(np.int64)
+    if idx.size and int(idx.max()) >= plane:
+        raise ctx.fail(f"index values must be < H*W = {plane}")
+    target = idx + (xp.arange(planes) * plane).reshape(-1, 1)
+    valid = (idx >= 0).reshape(-1)
+    dx = xp.bincount(target.reshape(-1)[valid], weights=dy.reshape(-1)[valid],
+                     minlength=planes * plane)
+    return (dx.reshape(x.shape).astype(x.dtype, copy=False),)
+
+
+@register_gradient("MaxPoolWithIndex")
+def _max_pool_with_index_grad(g: GradientBuilder) -> None:
+    g.add("MaxPoolWithIndexGradient", [g.I(0), g.GO(0), g.O(1)], [g.GI(0)])
+
+
+# --- FC variants from Caffe2's experiments: FC_Decomp, FC_Prune, FC_Sparse ------------------
+def _rows_of(x: Any) -> tuple[int, int]:
+    """(M, K) of an experimental FC input: M = dim 0 (1 for a vector), K = the rest."""
+    m = x.shape[0] if x.ndim > 1 else 1
+    return m, (x.size // m if m else math.prod(x.shape[1:]))
+
+
+def _fc_out_shape(x: Any, n: int) -> tuple[int, ...]:
+    return (x.shape[0], n) if x.ndim > 1 else (n,)
+
+
+def _fc_decomp_shape(op: caffe2_pb2.OperatorDef, shapes: list[Shape | None],
+                     types: list[int | None]) -> ShapeResult:
+    x, u = shapes[0], shapes[1]
+    if x is None or u is None:
+        return [None]
+    return [(((x[0], u[0]) if len(x) > 1 else (u[0],)), _dtype(types))]
+
+
+@register_op("FC_Decomp", inputs=4, outputs=1, shape=_fc_decomp_shape)
+def fc_decomp(ctx: OpContext) -> Outputs:
+    """[X, U, V, b] -> Y = X·V·Uᵀ + b, the FC with W ≈ U·Vᵀ (U [N, r], V [K, r])."""
+    x, u, v, b = ctx.inputs
+    m, k = _rows_of(x)
+    n = u.shape[0]
+    if u.ndim != 2 or v.ndim != 2 or v.shape != (k, u.shape[1]) or b.size != n:
+        raise ctx.fail(f"X {x.shape} (K={k}), U {u.shape}, V {v.shape}, b {b.shape} do not fit "
+                       "U [N, rank], V [K, rank], b [N]")
+    y = ctx.xp.matmul(ctx.xp.matmul(x.reshape(m, k), v), u.T) + b.reshape(n)
+    return (y.reshape(_fc_out_shape(x, n)).astype(x.dtype, copy=False),)
+
+
+@register_op("FCGradient_Decomp", inputs=4, outputs=(3, 4))
+def fc_decomp_gradient(ctx: OpContext) -> Outputs:
+    """[X, U, V, dY] -> [dU, dV, db, (dX)] for FC_Decomp."""
+    x, u, v, dy = ctx.inputs
+    xp = ctx.xp
+    m, k = _rows_of(x)
+    n = u.shape[0]
+    x2, dy2 = x.reshape(m, k), dy.reshape(m, n)
+    xv, dyu = xp.matmul(x2, v), xp.matmul(dy2, u)
+    outs: list[Any] = [xp.matmul(dy2.T, xv).astype(u.dtype, copy=False),
+                       xp.matmul(x2.T, dyu).astype(v.dtype, copy=False),
+                       dy2.sum(axis=0).astype(dy.dtype, copy=False)]
+    if ctx.num_outputs == 4:
+        outs.append(xp.matmul(dyu, v.T).reshape(x.shape).astype(x.dtype, copy=False))
+    return outs
+
+
+@register_gradient("FC_Decomp")
+def _fc_decomp_grad(g: GradientBuilder) -> None:
+    g.add("FCGradient_Decomp", [g.I(0), g.I(1), g.I(2), g.GO(0)],
+          [g.GI(1), g.GI(2), g.GI(3), g.GI(0)])
+
+
+@register_op("FC_Prune", inputs=8, outputs=(1, 2))
+def fc_prune(ctx: OpContext) -> Outputs:
+    """[X, W, mask, b, ag_dw, mask_seq, thres, comp_lb] -> [Y = X·Wᵀ + b, (compress rate)].
+
+    As in Caffe2 the forward pass ignores the mask (pruning happens in the training-time
+    gradient op, which dpgraph does not implement); the optional second output is
+    ``mean(mask)`` as a 0-d array.
+    """
+    x, w, mask, b = ctx.inputs[:4]
+    m, k = _rows_of(x)
+    n = w.shape[0]
+    if w.ndim < 2 or w.size != n * k or b.size != n:
+        raise ctx.fail(f"X {x.shape} (K={k}), W {w.shape}, b {b.shape} do not fit W [N, K]")
+    y = ctx.xp.matmul(x.reshape(m, k), w.reshape(n, k).T) + b.reshape(n)
+    outs: list[Any] = [y.reshape(_fc_out_shape(x, n)).astype(x.dtype, copy=False)]
+    if ctx.num_outputs == 2:
+        outs.append(ctx.xp.asarray(mask.sum() / max(mask.size, 1), dtype=mask.dtype))
+    return outs
+
+
+@register_op("FC_Sparse", inputs=5, outputs=1)
+def fc_sparse(ctx: OpContext) -> Outputs:
+    """[Xt, W_csr, iw, jw, b] -> Yt = W·Xt + b: W [N, K] in zero-based CSR (values W_csr, row
+    pointers iw of N+1 entries, column indices jw), Xt [K, M] (transposed X), Yt [N, M]."""
+    xt, values, iw, jw, b = ctx.inputs
+    xp = ctx.xp
+    if xt.ndim != 2 or b.ndim != 1:
+        raise ctx.fail(f"Xt must be 2-D [K, M] and b 1-D, got {xt.shape} and {b.shape}")
+    n, k = iw.size - 1, xt.shape[0]
+    pointers = iw.reshape(-1).astype(np.int64)
+    cols = jw.reshape(-1).astype(np.int64)
+    if n != b.shape[0] or int(pointers[-1]) != values.size or cols.size != values.size:
+        raise ctx.fail(f"CSR weights (iw {iw.shape}, jw {jw.shape}, values {values.shape}) "
+                       f"do not describe {b.shape[0]} rows")
+    if cols.size and (int(cols.min()) < 0 or int(cols.max()) >= k):
+        raise ctx.fail(f"column indices jw must lie in [0, {k})")
+    rows = xp.repeat(xp.arange(n), xp.diff(pointers))
+    dense = xp.zeros((n, k), dtype=xt.dtype)
+    xp.add.at(dense, (rows, cols), values.reshape(-1).astype(xt.dtype, copy=False))
+    return ((xp.matmul(dense, xt) + b.reshape(n, 1)).astype(xt.dtype, copy=False),)

@@ -482,3 +482,66 @@ def batch_moments_gradient(ctx: OpContext) -> Outputs:
 @register_gradient("BatchMoments")
 def batch_moments_gradient_maker(g: GradientBuilder) -> None:
     g.add("BatchMomentsGradient", [g.GO(0), g.GO(1), g.I(0)], [g.GI(0)])
+
+
+# --- LRN (local response normalisation across channels) -----------------------------------
+def _lrn_args(ctx: OpContext, x: Any) -> tuple[int, int, float, float, float]:
+    """(channel axis, size, alpha, beta, bias) of an LRN op."""
+    order = check_order(ctx)
+    if x.ndim < 2:
+        raise ctx.fail(f"LRN needs an input with a channel axis, got shape {x.shape}")
+    size = ctx.int_arg("size", 0)
+    if size < 1:
+        raise ctx.fail(f"argument 'size' must be a positive window size, got {size}")
+    axis = 1 if order == "NCHW" else x.ndim - 1
+    return (axis, size, ctx.float_arg("alpha", 0.0), ctx.float_arg("beta", 0.0),
+            ctx.float_arg("bias", 1.0))
+
+
+def _channel_window_sum(xp: Any, a: Any, axis: int, size: int, before: int) -> Any:
+    """``out[c] = sum(a[c - before : c - before + size])`` along ``axis`` (zeros outside)."""
+    width = [(0, 0)] * a.ndim
+    width[axis] = (before, size - 1 - before)
+    padded = xp.pad(a, width)
+    channels = a.shape[axis]
+    out = xp.zeros_like(a)
+    for j in range(size):
+        index = [slice(None)] * a.ndim
+        index[axis] = slice(j, j + channels)
+        out += padded[tuple(index)]
+    return out
+
+
+def _lrn_scale(ctx: OpContext, x: Any) -> Any:
+    axis, size, alpha, _, bias = _lrn_args(ctx, x)
+    squares = x * x * x.dtype.type(alpha / size)
+    return bias + _channel_window_sum(ctx.xp, squares, axis, size, (size - 1) // 2)
+
+
+@register_op("LRN", inputs=1, outputs=(1, 2), shape=_same_shape(0, 0))
+def lrn(ctx: OpContext) -> Outputs:
+    """X -> [Y, (scale)]: scale = bias + alpha/size · Σ X² over a window of ``size`` channels
+    (starting ``(size-1)//2`` before the channel), Y = X · scale^(-beta)."""
+    (x,) = ctx.inputs
+    beta = _lrn_args(ctx, x)[3]
+    scale = _lrn_scale(ctx, x).astype(x.dtype, copy=False)
+    y = (x * scale ** x.dtype.type(-beta)).astype(x.dtype, copy=False)
+    return (y, scale)[:ctx.num_outputs]
+
+
+@register_op("LRNGradient", inputs=(3, 4), outputs=1, shape=_same_shape(0))
+def lrn_gradient(ctx: OpContext) -> Outputs:
+    """[X, Y, dY] -> dX (Caffe2 recomputes the scale; [X, Y, scale, dY] is also accepted)."""
+    x, y, dy = ctx.inputs[0], ctx.inputs[1], ctx.inputs[-1]
+    axis, size, alpha, beta, _ = _lrn_args(ctx, x)
+    scale = ctx.inputs[2] if ctx.num_inputs == 4 else _lrn_scale(ctx, x)
+    ratio = dy * y / scale
+    before = size - 1 - (size - 1) // 2  # the windows that contain each channel
+    accum = _channel_window_sum(ctx.xp, ratio, axis, size, before)
+    dx = dy * scale ** (-beta) - (2.0 * alpha * beta / size) * x * accum
+    return (dx.astype(x.dtype, copy=False),)
+
+
+@register_gradient("LRN")
+def _lrn_grad(g: GradientBuilder) -> None:
+    g.add("LRNGradient", [g.I(0), g.O(0), g.GO(0)], [g.GI(0)])

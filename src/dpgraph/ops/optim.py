@@ -9,6 +9,7 @@ indices apply the rows one after the other, as Caffe2 does.  No optimizer op has
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -161,9 +162,80 @@ def _policy_more(kind: str, get: Callable[[str, Any], Any], ctx: OpContext) -> P
         return _cyclical(get, ctx)
     if kind == "composite":
         return _composite(get, ctx)
+    return _policy_late(kind, get, ctx)
+
+
+def _policy_late(kind: str, get: Callable[[str, Any], Any], ctx: OpContext) -> Policy:
+    """Policies of later Caffe2 releases: gate, pieceWarmup, cosine and the warmup composites."""
+    if kind == "gate":
+        m1, m2 = float(get("multiplier_1", 1.0)), float(get("multiplier_2", 1.0))
+        num = int(get("num_iter", 0))
+        return lambda it: m2 if it >= num else m1
+    if kind == "pieceWarmup":
+        m1, m2, m3 = (float(get(name, 0.5)) for name in ("m1", "m2", "m3"))
+        n1, n2 = int(get("n1", 0)), int(get("n2", 0))
+        return lambda it: m1 if it < n1 else (m2 if it < n2 else m3)
+    if kind == "cosine":
+        return _cosine(float(get("min_lr", 0.1)), float(get("max_lr", 0.5)),
+                       int(get("period", 50)), float(get("t_mult", 1.0)),
+                       float(get("lr_shrink", 0.99)), ctx)
+    if kind in ("constantThenLinearWarmup", "compositeCyclical", "compositeCosine"):
+        return _warmup_then(kind, get, ctx)
     raise ctx.fail(
         f"unknown learning rate policy {kind!r}; use one of fixed, step, multistep, exp, inv, "
-        "poly, linearWarmup, constantWarmup, alter, hill, cyclical, composite")
+        "poly, linearWarmup, constantWarmup, alter, hill, cyclical, composite, gate, "
+        "pieceWarmup, cosine, constantThenLinearWarmup, compositeCyclical, compositeCosine")
+
+
+def _cosine(min_lr: float, max_lr: float, period: int, t_mult: float, lr_shrink: float,
+            ctx: OpContext) -> Policy:
+    """SGDR: cosine from max_lr down to min_lr over periods growing by t_mult, both bounds
+    shrinking by lr_shrink per period (Caffe2's CosineLearningRate)."""
+    if period <= 0:
+        raise ctx.fail(f"policy 'cosine' needs a positive 'period', got {period}")
+
+    def cosine(it: int) -> float:
+        if t_mult != 1.0:
+            i = math.floor(math.log(1 - it / period * (1.0 - t_mult)) / math.log(t_mult))
+            t_i = t_mult ** i * period
+            t_curr = it - (1.0 - t_mult ** i) / (1.0 - t_mult) * period
+        else:
+            i = math.floor(it / period)
+            t_i = period
+            t_curr = it - t_i * i
+        shrink = lr_shrink ** i
+        low, high = min_lr * shrink, max_lr * shrink
+        return low + 0.5 * (high - low) * (1 + math.cos(math.pi * t_curr / t_i))
+
+    return cosine
+
+
+def _warmup_then(kind: str, get: Callable[[str, Any], Any], ctx: OpContext) -> Policy:
+    """A constant then a linear warmup (start_warmup_multiplier, constant_warmup_num_iter,
+    linear_warmup_num_iter), then 1 / a cyclical policy / a cosine policy."""
+    start = float(get("start_warmup_multiplier", 0.1))
+    n_const = int(get("constant_warmup_num_iter", 10000000))
+    n_linear = int(get("linear_warmup_num_iter", 10000000))
+
+    def warmup(it: int) -> float:
+        if it < n_const:
+            return start
+        return start + (1.0 - start) * (it - n_const) / n_linear if it < n_const + n_linear \
+            else 1.0
+
+    if kind == "constantThenLinearWarmup":
+        return warmup
+    if kind == "compositeCyclical":
+        base_lr = ctx.float_arg("base_lr")  # the op's own base_lr, as Caffe2
+        after = _cycle(base_lr, float(get("cyclical_max_lr", 0.05)),
+                       int(get("cyclical_step_size", 1000000)),
+                       float(get("cyclical_decay", 1.0)), ctx)
+    else:
+        after = _cosine(float(get("cosine_min_lr", 0.1)), float(get("cosine_max_lr", 0.5)),
+                        int(get("cosine_period", 50)), float(get("cosine_t_mult", 1.0)),
+                        float(get("cosine_lr_shrink", 0.99)), ctx)
+    total = n_const + n_linear
+    return lambda it: warmup(it) if it < total else after(it - total)
 
 
 def _hill(get: Callable[[str, Any], Any]) -> Policy:
@@ -184,6 +256,12 @@ def _cyclical(get: Callable[[str, Any], Any], ctx: OpContext) -> Policy:
     base_lr = float(get("base_lr", 0.0))
     max_lr, stepsize = float(get("max_lr", 0.005)), int(get("stepsize", 0))
     decay = float(get("decay", 1.0))
+    return _cycle(base_lr, max_lr, stepsize, decay, ctx)
+
+
+def _cycle(base_lr: float, max_lr: float, stepsize: int, decay: float,
+           ctx: OpContext) -> Policy:
+    """Caffe2's CyclicalLearningRate multiplier (triangle between base_lr and max_lr)."""
     if stepsize <= 0 or base_lr == 0:
         raise ctx.fail("policy 'cyclical' needs a positive 'stepsize' and a nonzero 'base_lr'")
 
@@ -692,3 +770,119 @@ def sparse_ftrl(ctx: OpContext) -> Outputs:
         new_w[r] = _f32(wi, w).reshape(new_w[r].shape)
         pairs[r, :, 0], pairs[r, :, 1] = ni, zi
     return new_w, pairs.reshape(nz.shape)
+
+
+# --- LARS and YellowFin ----------------------------------------------------------------------
+@register_op("Lars", inputs=5, outputs=1, shape=lambda op, s, t: [((1,), FLOAT)])
+def lars(ctx: OpContext) -> Outputs:
+    """[X, dX, wd, trust, lr_max] -> [1] local lr: trust / (|dX|/|X| + wd + offset) (1 if
+    |X| = 0), clipped to [lr_min, lr_max] (args offset=0.5, lr_min=0.02)."""
+    x, dx, wd, trust, lr_max = ctx.inputs
+    offset, lr_min = ctx.float_arg("offset", 0.5), ctx.float_arg("lr_min", 0.02)
+    if dx.size != x.size:
+        raise ctx.fail(f"gradient size {dx.size} doesn't match parameter size {x.size}")
+    if offset < 0 or lr_min < 0:
+        raise ctx.fail(f"offset ({offset}) and lr_min ({lr_min}) must be >= 0")
+    x_norm = float(ctx.xp.sqrt(ctx.xp.sum(ctx.xp.square(x, dtype=np.float32))))
+    value = 1.0
+    if x_norm > 0:
+        dx_norm = float(ctx.xp.sqrt(ctx.xp.sum(ctx.xp.square(dx, dtype=np.float32))))
+        value = _scalar(trust) / (dx_norm / x_norm + _scalar(wd) + offset)
+    value = max(min(value, _scalar(lr_max)), lr_min)
+    return (ctx.xp.asarray([value], dtype=np.float32),)
+
+
+class _YellowFinState:
+    """The scalar memory of one YellowFin op: [g_norm_avg, g_norm2_avg, g_norm2_min_avg,
+    g_norm2_max_avg, distance_avg] (Caffe2's scalars_memory layout)."""
+
+    def __init__(self, beta: float, debias: float, memory: Any) -> None:
+        self.beta, self.debias = beta, debias
+        self.memory = [float(v) for v in host(memory).reshape(-1)[:5]]
+
+    def average(self, slot: int, value: float) -> tuple[float, float]:
+        """Update moving average ``slot`` with ``value``: (new average, debiased)."""
+        new = self.beta * self.memory[slot] + (1 - self.beta) * value
+        self.memory[slot] = new
+        return new, new * self.debias
+
+
+def _yellowfin_lr_mu(g_norm2_min: float, g_norm2_max: float, distance: float,
+                     variance: float) -> tuple[float, float]:
+    """YellowFin's closed-form tuning: the momentum from the cubic root and curvature range,
+    then lr = (1 - sqrt(mu))² / h_min (degenerate inputs give NaN, as in Caffe2)."""
+    h_min = np.float64(g_norm2_min)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        curv_ratio = np.sqrt(np.float64(g_norm2_max) / h_min)
+        mu_limit = (curv_ratio - 1.0) / (curv_ratio + 1.0)
+        pre_p = np.float64(distance) * h_min
+        p = pre_p * pre_p / (2.0 * np.float64(variance))
+        w3 = (-np.sqrt(p * p + 4.0 / 27.0 * p * p * p) - p) / 2.0
+        w = (1.0 if w3 > 0 else -1.0) * np.abs(w3) ** (1.0 / 3.0)
+        root = w - p / 3.0 / w + 1.0
+        mu = max(root * root, mu_limit * mu_limit)
+        lr = (1.0 - np.sqrt(mu)) ** 2 / h_min
+    return float(lr), float(mu)
+
+
+@register_op("YellowFin", inputs=10, outputs=8,
+             inplace=[(0, 0), (1, 1), (2, 2), (3, 3), (4, 4), (5, 5), (6, 6), (7, 7)],
+             shape=_like_inputs(0, 1, 2, 3, 4, 5, 6, 7))
+def yellowfin(ctx: OpContext) -> Outputs:
+    """[param, moment, lr, mu, curv_win, g_avg, g2_avg, scalars_memory, grad, iter] -> the
+    first eight, updated: a momentum step with the current lr/mu, then Caffe2's YellowFin
+    statistics (args beta=0.999, curv_win_width=20, epsilon=1e-6, nesterov=0,
+    zero_debias=1); lr and mu are re-tuned from the second iteration on."""
+    param, moment, lr_avg, mu_avg, curv_win, g_avg, g2_avg, memory, grad = ctx.inputs[:9]
+    xp = ctx.xp
+    it = int(_scalar(ctx.inputs[9]))
+    beta, eps = ctx.float_arg("beta", 0.999), ctx.float_arg("epsilon", 1e-6)
+    width = ctx.int_arg("curv_win_width", 20)
+    if lr_avg.size != 1 or mu_avg.size != 1 or memory.size < 5 or curv_win.size < width:
+        raise ctx.fail("lr and mu need 1 element, scalars_memory 5 and curv_win "
+                       f"curv_win_width={width}")
+    for name, value in (("moment", moment), ("g_avg", g_avg), ("g2_avg", g2_avg),
+                        ("grad", grad)):
+        if value.shape != param.shape:
+            raise ctx.fail(f"{name} {value.shape} must have the shape of param {param.shape}")
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        debias = (1.0 / (1.0 - np.float64(beta) ** it)) if ctx.arg("zero_debias", 1) else 1.0
+    lr, mu = _scalar(lr_avg), _scalar(mu_avg)
+    dtype = param.dtype.type
+    new_moment = dtype(mu) * moment + dtype(lr) * grad
+    if ctx.int_arg("nesterov", 0):
+        new_param = param - dtype(1 + mu) * new_moment + dtype(mu) * moment
+    else:
+        new_param = param - new_moment
+    b = dtype(beta)
+    new_g_avg = b * g_avg + (1 - b) * grad
+    new_g2_avg = b * g2_avg + (1 - b) * grad * grad
+    g_deb = new_g_avg * dtype(debias)
+    state = _YellowFinState(beta, float(debias), memory)
+    g_norm2 = max(eps, float(xp.sum(xp.square(grad, dtype=np.float32))))
+    g_norm2_deb = state.average(1, g_norm2)[1]
+    state.average(0, math.sqrt(g_norm2))
+    window = host(curv_win).astype(np.float32, copy=True).reshape(-1)
+    window[(it - 1) % width] = math.log(g_norm2)
+    valid = window[:max(1, min(width, it))]
+    h_min = max(eps, math.exp(state.average(2, float(valid.min()))[1]))
+    h_max = max(eps, math.exp(state.average(3, float(valid.max()))[1]))
+    variance = max(eps, g_norm2_deb - float(xp.sum(xp.square(g_deb, dtype=np.float32))))
+    distance_deb = state.average(4, state.memory[0] / state.memory[1])[1]
+    if it > 1:
+        new_lr, new_mu = _yellowfin_lr_mu(h_min, h_max, distance_deb, variance)
+        mu = beta * mu + (1 - beta) * new_mu
+        lr = beta * lr + (1 - beta) * new_lr
+    return (new_param.astype(param.dtype, copy=False), new_moment.astype(param.dtype, copy=False),
+            xp.full(lr_avg.shape, lr, dtype=lr_avg.dtype),
+            xp.full(mu_avg.shape, mu, dtype=mu_avg.dtype),
+            xp.asarray(window.reshape(curv_win.shape), dtype=curv_win.dtype),
+            new_g_avg.astype(g_avg.dtype, copy=False), new_g2_avg.astype(g2_avg.dtype, copy=False),
+            _memory_out(xp, memory, state.memory))
+
+
+def _memory_out(xp: Any, memory: Any, values: list[float]) -> Any:
+    """scalars_memory with its first five slots replaced by ``values``."""
+    out = host(memory).copy().reshape(-1)
+    out[:5] = values
+    return xp.asarray(out.reshape(memory.shape))

@@ -590,3 +590,38 @@ def batch_dense_to_sparse(ctx: OpContext) -> Outputs:
     if rows != dense.shape[0]:
         raise ctx.fail(f"LENGTHS has {rows} rows but DENSE has {dense.shape[0]}")
     return (dense[seg, cols],)
+
+
+# --- LengthsMax --------------------------------------------------------------------------------
+@register_op("LengthsMax", inputs=2, outputs=1, shape=_lengths_shape)
+def lengths_max(ctx: OpContext) -> Outputs:
+    """[DATA, LENGTHS] -> element-wise max of consecutive row segments (0 for empty ones)."""
+    data, lengths = ctx.inputs
+    data = host(data)
+    if data.ndim < 1:
+        raise ctx.fail("DATA must have at least one dimension (segments run over rows)")
+    _, lens = _segment_ids(ctx, lengths, data.shape[0])
+    out = np.zeros((lens.size, *data.shape[1:]), dtype=data.dtype)
+    nonempty = lens > 0
+    if nonempty.any():
+        starts = (np.cumsum(lens) - lens)[nonempty]
+        out[nonempty] = np.maximum.reduceat(data, starts, axis=0)
+    return (out,)
+
+
+@register_gradient("LengthsMax")
+def _lengths_max_grad(g: GradientBuilder) -> None:
+    g.add("LengthsMaxWithMainInputAndForwardOutputGradient",
+          [g.O(0), g.GO(0), g.I(1), g.I(0)], [g.GI(0)])
+
+
+@register_op("LengthsMaxWithMainInputAndForwardOutputGradient", inputs=4, outputs=1)
+def lengths_max_with_main_input_and_forward_output_gradient(ctx: OpContext) -> Outputs:
+    """[Y, dY, LENGTHS, DATA] -> dDATA: each row gets its segment's dY where it equals the
+    segment max (every tied row does, as in Caffe2), 0 elsewhere."""
+    out, dout, lengths, data = (host(v) for v in ctx.inputs)
+    seg, lens = _segment_ids(ctx, lengths, data.shape[0])
+    if out.shape != (lens.size, *data.shape[1:]) or dout.shape != out.shape:
+        raise ctx.fail(f"Y {out.shape} and dY {dout.shape} must be {(lens.size, *data.shape[1:])}")
+    hit = data == out[seg]
+    return (np.where(hit, dout[seg], 0).astype(dout.dtype, copy=False),)

@@ -14,14 +14,19 @@ from dpgraph.proto import caffe2_pb2
 log = logging.getLogger("dpgraph.parallel")
 
 
-def validate_call(model: Any, config: ParallelConfig) -> None:
-    """Device scope, builder exclusivity, model type and unsupported features."""
+def check_device_scope() -> None:
+    """Caffe2's first assertion: no device scope, or a CPU one, may be active."""
     current = scope.CurrentDeviceScope()
     if current is not None and current.device_type != caffe2_pb2.PROTO_CPU:
         raise ParallelizeError(
             f"Parallelize must be called without device-scope, device scope was: "
             f"{device_name(current)}; call it outside `with core.DeviceScope(...)`."
         )
+
+
+def validate_call(model: Any, config: ParallelConfig) -> None:
+    """Device scope, builder exclusivity, model type and unsupported features."""
+    check_device_scope()
     for attr in ("net", "param_init_net", "params", "AddGradientOperators"):
         if not hasattr(model, attr):
             raise ParallelizeError(

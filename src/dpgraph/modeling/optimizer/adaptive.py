@@ -10,7 +10,6 @@ from dpgraph.modeling.optimizer.base import (
     BuildUniqueMutexIter,
     Optimizer,
     current_device,
-    reject_lars,
 )
 from dpgraph.modeling.parameter_info import ParameterInfo
 
@@ -44,7 +43,6 @@ class AdagradOptimizer(Optimizer):
                  rowWise: bool = False, engine: str = "", lars: Any = None,
                  **kwargs: Any) -> None:
         super().__init__()
-        reject_lars("AdagradOptimizer", lars)
         self.alpha = alpha
         self.epsilon = epsilon
         self.decay = decay
@@ -59,6 +57,9 @@ class AdagradOptimizer(Optimizer):
         param, grad = param_info.blob, param_info.grad
         if self.alpha <= 0:
             return
+        self._clear_local_lr_multiplier()
+        if self.lars is not None and not isinstance(grad, GradientSlice):  # dense only
+            self._add_lars_multiplier(net, param_init_net, param, grad, self.lars)
         lr, _ = self.build_lr(net, param_init_net, base_learning_rate=self.alpha,
                               policy=self.policy, **self.init_kwargs)
         if self.rowWise:

@@ -5,7 +5,9 @@ from __future__ import annotations
 from collections import defaultdict, namedtuple
 from typing import Any
 
-from dpgraph.errors import ModelError, NotSupportedError
+import numpy as np
+
+from dpgraph.errors import ModelConfigError, ModelError
 from dpgraph.ir import scope
 from dpgraph.ir.blob import BlobReference, GradientSlice
 from dpgraph.ir.device import CPU, DeviceOption, IsGPUDeviceType
@@ -141,6 +143,34 @@ class Optimizer:
         self._local_lr_multiplier = local_lr_multiplier
         self._local_lr_multiplier_on_gpu = is_gpu_blob
 
+    def _clear_local_lr_multiplier(self) -> None:
+        self._local_lr_multiplier = None
+        self._local_lr_multiplier_on_gpu = False
+
+    def create_lars_inputs(self, param_init_net: Any, weight_decay: float, trust: float,
+                           lr_max: float) -> tuple[Any, Any, Any]:
+        """The [1] blobs ``weight_decay``, ``trust`` and ``lr_max`` the Lars op reads."""
+        wd = param_init_net.ConstantFill([], "weight_decay", shape=[1], value=weight_decay)
+        trust_blob = param_init_net.ConstantFill([], "trust", shape=[1], value=trust)
+        lr_max_blob = param_init_net.ConstantFill([], "lr_max", shape=[1], value=lr_max)
+        return wd, trust_blob, lr_max_blob
+
+    def _add_lars_multiplier(self, net: Any, param_init_net: Any, param: Any, grad: Any,
+                             offset: float) -> None:
+        """LARS as Caffe2: a ``Lars`` op (offset, lr_min=0, trust 1, lr_max float32 max, wd 0)
+        whose output becomes the local lr multiplier of this param."""
+        if offset < 0:
+            raise ModelConfigError(f"Lars offset must be nonnegative, got {offset}")
+        wd, trust, lr_max = self.create_lars_inputs(
+            param_init_net, 0.0, 1.0, float(np.finfo(np.float32).max))
+        multiplier = net.Lars([param, grad, wd, trust, lr_max],
+                              self.make_unique_blob_name(str(param) + "_lars"),
+                              offset=offset, lr_min=0.0)
+        current = scope.CurrentDeviceScope()
+        self._add_local_lr_multiplier(
+            multiplier,
+            is_gpu_blob=current is not None and IsGPUDeviceType(current.device_type))
+
     @staticmethod
     def dedup(net: Any, sparse_dedup_aggregator: str | None, grad: Any) -> Any:
         """Merge repeated indices of a GradientSlice when an aggregator is given."""
@@ -163,9 +193,3 @@ def current_device() -> caffe2_pb2.DeviceOption:
     """The current device scope, or a plain CPU option."""
     dev = scope.CurrentDeviceScope()
     return dev if dev is not None else DeviceOption(CPU)
-
-
-def reject_lars(name: str, lars: Any) -> None:
-    if lars is not None:
-        raise NotSupportedError(
-            f"{name}: LARS (lars=...) is not supported by dpgraph; leave lars=None.")

@@ -6,7 +6,7 @@ from typing import Any
 
 from dpgraph.errors import ModelConfigError
 from dpgraph.ir.blob import GradientSlice
-from dpgraph.modeling.optimizer.base import Optimizer, current_device, reject_lars
+from dpgraph.modeling.optimizer.base import Optimizer, current_device
 from dpgraph.modeling.parameter_info import ParameterInfo
 from dpgraph.proto import caffe2_pb2
 
@@ -27,7 +27,6 @@ class SgdOptimizer(Optimizer):
                  momentum: float = 0.0, nesterov: Any = True, sparse_dedup_aggregator: Any = None,
                  lars: Any = None, **kwargs: Any) -> None:
         super().__init__()
-        reject_lars("SgdOptimizer", lars)
         self.base_learning_rate = base_learning_rate
         self.policy = policy
         self.momentum = momentum
@@ -41,6 +40,9 @@ class SgdOptimizer(Optimizer):
         if self.base_learning_rate == 0:
             return
         _check_lr("SgdOptimizer", self.base_learning_rate)
+        self._clear_local_lr_multiplier()
+        if self.lars is not None and not isinstance(grad, GradientSlice):  # dense only
+            self._add_lars_multiplier(net, param_init_net, param, grad, self.lars)
         # WeightedSum needs a negative lr; MomentumSGDUpdate takes a positive one.
         lr_sign = -1 if self.momentum else 1
         lr, _ = self.build_lr(net, param_init_net,
