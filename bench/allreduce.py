@@ -4,9 +4,9 @@
   three in-place adds on the same buffers, without the copies back to the other devices).
 * ``gloo``: dpgraph's ``Allreduce`` op (CreateCommonWorld + a net run through the workspace)
   over 2 processes, against a raw ``torch.distributed.all_reduce`` of the same buffer in the
-  same processes, measured alternately (each going first in half of 6 rounds of the same
-  number of calls); each method's time is its best round's median (robust to load from
-  other processes).
+  same processes, measured in 6 rounds of the same number of calls, rotating which goes
+  first; each method's time is its best round's median (robust to load from other
+  processes).  ``noise_ratio_raw_vs_raw`` times raw Gloo against itself the same way.
   ``ratio`` = raw time / dpgraph time (1.0 = as fast as raw Gloo; the target is >= 0.9 at
   every size >= 1 MiB).
 
@@ -116,14 +116,15 @@ def _gloo_rank(rank: int, path: str, sizes: list[int], min_time: float, queue: A
         name = net.Name()
         methods = {"dpgraph": lambda name=name: workspace.RunNet(name),
                    "raw": lambda raw=raw: dist.all_reduce(raw)}
-        reps = _agree_reps(dist, torch, methods["raw"], min_time / ROUNDS / 2)
-        times: dict[str, list[float]] = {"dpgraph": [], "raw": []}
-        for round_ in range(ROUNDS):  # alternate which goes first: load drifts hit both alike
-            for key in (("dpgraph", "raw") if round_ % 2 == 0 else ("raw", "dpgraph")):
+        methods["raw_again"] = methods["raw"]  # an A/A pair: how noisy this machine is
+        reps = _agree_reps(dist, torch, methods["raw"], min_time / ROUNDS / 3)
+        times: dict[str, list[float]] = {key: [] for key in methods}
+        order = list(methods)
+        for round_ in range(ROUNDS):  # rotate who goes first: load drifts hit all alike
+            for key in order[round_ % 3:] + order[:round_ % 3]:
                 times[key].append(_timed(methods[key], reps))
-        dpgraph_s, raw_s = times["dpgraph"], times["raw"]
-        rows.append({"bytes": nbytes, "reps": reps * ROUNDS, "dpgraph_s": min(dpgraph_s),
-                     "raw_s": min(raw_s)})
+        rows.append({"bytes": nbytes, "reps": reps * ROUNDS,
+                     **{f"{key}_s": min(values) for key, values in times.items()}})
     dist.destroy_process_group()
     if rank == 0:
         queue.put(rows)
@@ -146,6 +147,7 @@ def bench_gloo(sizes: list[int], min_time: float, timeout: float = 600) -> list[
                     proc.kill()
     for row in rows:
         row["ratio"] = row["raw_s"] / row["dpgraph_s"]
+        row["noise_ratio_raw_vs_raw"] = row["raw_s"] / row["raw_again_s"]
         row["dpgraph_gbps"] = row["bytes"] / row["dpgraph_s"] / 1e9
     return rows
 

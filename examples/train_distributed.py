@@ -72,10 +72,11 @@ def train(steps: int, lr: float) -> None:
         workspace.RunNet(model.net.Name())
         first = float(workspace.FetchBlob("loss")) if first is None else first
     weights = workspace.FetchBlob("pred_w")
-    print(f"rank {rdv.shard_id}/{rdv.num_shards}: loss {first:.4f} -> "
-          f"{float(workspace.FetchBlob('loss')):.5f} in {steps} steps "
-          f"({time.perf_counter() - start:.2f}s), weights checksum "
-          f"{float(np.sum(weights * weights)):.6f}", flush=True)
+    sys.stdout.write(f"rank {rdv.shard_id}/{rdv.num_shards}: loss {first:.4f} -> "
+                     f"{float(workspace.FetchBlob('loss')):.5f} in {steps} steps "
+                     f"({time.perf_counter() - start:.2f}s), weights checksum "
+                     f"{float(np.sum(weights * weights)):.6f}\n")  # one write: no interleaving
+    sys.stdout.flush()
 
 
 def _spawned(rank: int, size: int, port: int, steps: int, lr: float) -> None:

@@ -6,9 +6,18 @@ A thin facade: the legacy keyword arguments become one frozen
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 
+# Caffe2's module globals: scripts and tests reach them through this module, e.g.
+# ``mock.patch("...data_parallel_model.workspace.GetGpuPeerAccessPattern")``.
+from dpgraph import core as core
+from dpgraph import dyndep as dyndep
+from dpgraph import model_helper as model_helper
+from dpgraph import scope as scope
+from dpgraph import utils as utils
+from dpgraph import workspace as workspace
 from dpgraph.memory.dpm import OptimizeGradientMemory
 from dpgraph.parallel.bmuf import Parallelize_BMUF, Parallelize_CPU_BMUF, Parallelize_GPU_BMUF
 from dpgraph.parallel.collectives_control import CollectivesConcurrencyControl
@@ -32,6 +41,9 @@ from dpgraph.parallel.predictor import (
     GetLearningRateBlobNames,
 )
 from dpgraph.parallel.validate import check_device_scope
+from dpgraph.proto import caffe2_pb2 as caffe2_pb2
+
+log = logging.getLogger("data_parallel_model")
 
 _DEFAULT_TIMEOUT_SEC = 30
 _DEFAULT_BARRIER_NET_TIMEOUT_SEC = 300
@@ -93,8 +105,7 @@ def Parallelize(
 
 
 def Parallelize_GPU(*args: Any, **kwargs: Any) -> None:
-    """``Parallelize`` on GPUs (``cpu_device=False``)."""
-    kwargs["cpu_device"] = False
+    """``Parallelize`` with its GPU default (a plain pass-through, as in Caffe2)."""
     Parallelize(*args, **kwargs)
 
 

@@ -12,18 +12,14 @@ from typing import Any
 
 import numpy as np
 
+from dpgraph import workspace as workspace  # a module global, as in Caffe2 (tests patch it)
 from dpgraph.ir.blob import BlobReference
 from dpgraph.ir.device import CPU, DeviceOption
 from dpgraph.proto import caffe2_pb2
 
 
 def _gpu_type() -> int:
-    try:
-        from dpgraph import workspace
-
-        return int(getattr(workspace, "GpuDeviceType", caffe2_pb2.PROTO_CUDA))
-    except ImportError:
-        return caffe2_pb2.PROTO_CUDA
+    return int(getattr(workspace, "GpuDeviceType", caffe2_pb2.PROTO_CUDA))
 
 
 def OnGPU(gpu_id: int) -> caffe2_pb2.DeviceOption:
@@ -81,8 +77,6 @@ def Allreduce(net: Any, blobs: Sequence[Any], reduced_affix: str = "_reduced",
 
 
 def _peer_pattern() -> np.ndarray:
-    from dpgraph import workspace
-
     pattern = np.asarray(workspace.GetGpuPeerAccessPattern(), dtype=bool)
     return pattern if pattern.ndim == 2 else np.zeros((0, 0), dtype=bool)
 
@@ -153,6 +147,8 @@ def Allreduce8(net: Any, blobs: Sequence[Any], reduced_affix: str,
 def AllreduceFallback(net: Any, blobs: Sequence[Any], reduced_affix: str,
                       gpu_indices: Sequence[int]) -> list[BlobReference]:
     """Copy every blob to the first GPU and add there, then copy the sum back."""
+    if not blobs:  # nothing to reduce (e.g. ``range(NumGpuDevices())`` without GPUs)
+        return []
     reduced: list[Any] = [None] * len(blobs)
     if reduced_affix != "":
         reduced[0] = _op(net, "Copy", [blobs[0]], str(blobs[0]) + reduced_affix,

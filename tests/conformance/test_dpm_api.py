@@ -133,12 +133,14 @@ def test_muji_device_options() -> None:
 def test_caffe2_alias_modules_are_the_same() -> None:
     """``caffe2.python.data_parallel_model``/``muji`` resolve to dpgraph's modules."""
     pytest.importorskip("dpgraph.compat.caffe2")
-    from dpgraph.compat import caffe2 as compat
-
-    if not hasattr(compat, "install"):
-        pytest.skip("compat layer exposes no install()")
-    compat.install()
     import importlib
 
-    assert importlib.import_module("caffe2.python.data_parallel_model") is data_parallel_model
-    assert importlib.import_module("caffe2.python.muji") is muji
+    from dpgraph.compat import caffe2 as compat
+
+    compat.install()
+    try:
+        assert importlib.import_module("caffe2.python.data_parallel_model") is \
+            data_parallel_model
+        assert importlib.import_module("caffe2.python.muji") is muji
+    finally:
+        compat.uninstall()

@@ -254,8 +254,8 @@ def _bmuf_generate_data(devices, device_type, device_prefix):
             data = full_data[st:en, :].astype(np.float32)
             labels = full_labels[st:en].astype(np.float32)
             with core.DeviceScope(core.DeviceOption(device_type, g)):
-                workspace.FeedBlob("{}_{}/data".format(device_prefix, g), data)
-                workspace.FeedBlob("{}_{}/label".format(device_prefix, g), labels)
+                workspace.FeedBlob(f"{device_prefix}_{g}/data", data)
+                workspace.FeedBlob(f"{device_prefix}_{g}/label", labels)
 
 
 @pytest.mark.parametrize("cpu_device", [True, False])
@@ -277,33 +277,33 @@ def test_parallelize_bmuf(cpu_device: bool) -> None:
     data_parallel_model.RunInitNet(model)
 
     assert list(model._device_grouped_blobs.keys()) == ["fc_w", "fc_b"]
-    assert workspace.FetchBlob("{}_0/fc_b_v".format(device_prefix)) == 0
-    np.testing.assert_equal(workspace.FetchBlob("{}_0/fc_w_v".format(device_prefix)),
+    assert workspace.FetchBlob(f"{device_prefix}_0/fc_b_v") == 0
+    np.testing.assert_equal(workspace.FetchBlob(f"{device_prefix}_0/fc_w_v"),
                             np.zeros(16).astype(np.float32).reshape(1, 16))
 
     data_parallel_model.RunNet(model, 1)
-    v_b_ = workspace.FetchBlob("{}_0/fc_b_v".format(device_prefix))
-    v_w_ = workspace.FetchBlob("{}_0/fc_w_v".format(device_prefix))
+    v_b_ = workspace.FetchBlob(f"{device_prefix}_0/fc_b_v")
+    v_w_ = workspace.FetchBlob(f"{device_prefix}_0/fc_w_v")
     workspace.RunNetOnce(model.net)
 
-    b_0_ = workspace.FetchBlob("{}_0/fc_b".format(device_prefix))
-    w_0_ = workspace.FetchBlob("{}_0/fc_w".format(device_prefix))
-    b_1_ = workspace.FetchBlob("{}_1/fc_b".format(device_prefix))
-    w_1_ = workspace.FetchBlob("{}_1/fc_w".format(device_prefix))
-    b_g_ = workspace.FetchBlob("{}_0/fc_b_g".format(device_prefix))
-    w_g_ = workspace.FetchBlob("{}_0/fc_w_g".format(device_prefix))
+    b_0_ = workspace.FetchBlob(f"{device_prefix}_0/fc_b")
+    w_0_ = workspace.FetchBlob(f"{device_prefix}_0/fc_w")
+    b_1_ = workspace.FetchBlob(f"{device_prefix}_1/fc_b")
+    w_1_ = workspace.FetchBlob(f"{device_prefix}_1/fc_w")
+    b_g_ = workspace.FetchBlob(f"{device_prefix}_0/fc_b_g")
+    w_g_ = workspace.FetchBlob(f"{device_prefix}_0/fc_w_g")
     workspace.RunNetOnce(model._global_model_param_updates_net)
 
     g_b = (b_0_ + b_1_) / 2 - b_g_
     g_w = (w_0_ + w_1_) / 2 - w_g_
-    v_b = workspace.FetchBlob("{}_0/fc_b_v".format(device_prefix))
-    v_w = workspace.FetchBlob("{}_0/fc_w_v".format(device_prefix))
-    w_g = workspace.FetchBlob("{}_0/fc_w_g".format(device_prefix))
-    b_g = workspace.FetchBlob("{}_0/fc_b_g".format(device_prefix))
-    w_0 = workspace.FetchBlob("{}_0/fc_w".format(device_prefix))
-    b_0 = workspace.FetchBlob("{}_0/fc_b".format(device_prefix))
-    w_1 = workspace.FetchBlob("{}_1/fc_w".format(device_prefix))
-    b_1 = workspace.FetchBlob("{}_1/fc_b".format(device_prefix))
+    v_b = workspace.FetchBlob(f"{device_prefix}_0/fc_b_v")
+    v_w = workspace.FetchBlob(f"{device_prefix}_0/fc_w_v")
+    w_g = workspace.FetchBlob(f"{device_prefix}_0/fc_w_g")
+    b_g = workspace.FetchBlob(f"{device_prefix}_0/fc_b_g")
+    w_0 = workspace.FetchBlob(f"{device_prefix}_0/fc_w")
+    b_0 = workspace.FetchBlob(f"{device_prefix}_0/fc_b")
+    w_1 = workspace.FetchBlob(f"{device_prefix}_1/fc_w")
+    b_1 = workspace.FetchBlob(f"{device_prefix}_1/fc_b")
 
     np.testing.assert_allclose(v_b, 0.5 * v_b_ + g_b, rtol=1e-6, atol=1e-7)
     np.testing.assert_allclose(v_w, 0.5 * v_w_ + g_w, rtol=1e-6, atol=1e-7)
@@ -358,7 +358,7 @@ def run_sparse_model(V: int, gpu_devices: list[int], cpu_indices: bool):
                     [param_grad.values, param_momentum, param], momentum=0.1, nesterov=0)
 
     workspace.ResetWorkspace()
-    model = cnn.CNNModelHelper(order="NHWC", name="sparse_test{}".format(gpu_devices))
+    model = cnn.CNNModelHelper(order="NHWC", name=f"sparse_test{gpu_devices}")
     with core.NameScope("cpu"):
         with core.DeviceScope(core.DeviceOption(caffe2_pb2.CPU)):
             state["ITER"] = model.Iter("ITER")
@@ -398,9 +398,9 @@ def run_sparse_model(V: int, gpu_devices: list[int], cpu_indices: bool):
             if cpu_indices:
                 device_for_indices = core.DeviceOption(caffe2_pb2.CPU)
             with core.DeviceScope(device_for_indices):
-                workspace.FeedBlob("gpu_{}/indices".format(g), indices)
+                workspace.FeedBlob(f"gpu_{g}/indices", indices)
             with core.DeviceScope(core.DeviceOption(workspace.GpuDeviceType, g)):
-                workspace.FeedBlob("gpu_{}/label".format(g), labels)
+                workspace.FeedBlob(f"gpu_{g}/label", labels)
         if i == 0:
             workspace.RunNetOnce(model.param_init_net)
             orig_vecs = np.random.rand(V, 16).astype(np.float32)
@@ -408,7 +408,7 @@ def run_sparse_model(V: int, gpu_devices: list[int], cpu_indices: bool):
             if not cpu_indices:
                 for g in gpu_devices:
                     workspace.FeedBlob(
-                        "gpu_{}/gpuvecs".format(g), orig_vecs,
+                        f"gpu_{g}/gpuvecs", orig_vecs,
                         device_option=core.DeviceOption(workspace.GpuDeviceType, g))
             workspace.CreateNet(model.net)
         workspace.RunNet(model.net.Proto().name)
@@ -446,7 +446,7 @@ def test_multi_device_bn_op_level_cpu(seed: int, batch_size: int) -> None:
 
     def add_input_ops(model):
         for device in devices:
-            workspace.FeedBlob("cpu_{}/data".format(device), xs[device])
+            workspace.FeedBlob(f"cpu_{device}/data", xs[device])
 
     def add_model_ops(model, loss_scale):
         model.SpatialBN("data", "bn_out", 1, epsilon=epsilon, is_test=False)
@@ -461,8 +461,8 @@ def test_multi_device_bn_op_level_cpu(seed: int, batch_size: int) -> None:
         cpu_device=True, shared_model=False, combine_spatial_bn=True)
     workspace.RunNetOnce(model.param_init_net)
     for device in devices:
-        workspace.FeedBlob("cpu_{}/bn_out_s".format(device), scale)
-        workspace.FeedBlob("cpu_{}/bn_out_b".format(device), bias)
+        workspace.FeedBlob(f"cpu_{device}/bn_out_s", scale)
+        workspace.FeedBlob(f"cpu_{device}/bn_out_b", bias)
     workspace.CreateNet(model.net)
     workspace.RunNet(model.net)
 
@@ -471,17 +471,134 @@ def test_multi_device_bn_op_level_cpu(seed: int, batch_size: int) -> None:
     inv_std = 1.0 / np.sqrt(var + epsilon)
     x_hats = [(xi - mean) * inv_std for xi in xs]
     for device in devices:
-        np.testing.assert_allclose(workspace.FetchBlob("cpu_{}/bn_out".format(device)),
+        np.testing.assert_allclose(workspace.FetchBlob(f"cpu_{device}/bn_out"),
                                    scale * x_hats[device] + bias, rtol=5e-3, atol=1e-5)
-    dys = [workspace.FetchBlob("cpu_{}/bn_out_grad".format(d)) for d in devices]
+    dys = [workspace.FetchBlob(f"cpu_{d}/bn_out_grad") for d in devices]
     d_bias = sum(np.sum(dy) for dy in dys)
     d_gamma = sum(np.sum(dy * xh) for dy, xh in zip(dys, x_hats))
     n = x.shape[0]
     for device in devices:
-        np.testing.assert_allclose(workspace.FetchBlob("cpu_{}/bn_out_b_grad".format(device)),
+        np.testing.assert_allclose(workspace.FetchBlob(f"cpu_{device}/bn_out_b_grad"),
                                    [d_bias], rtol=1e-3, atol=1e-4)
-        np.testing.assert_allclose(workspace.FetchBlob("cpu_{}/bn_out_s_grad".format(device)),
+        np.testing.assert_allclose(workspace.FetchBlob(f"cpu_{device}/bn_out_s_grad"),
                                    [d_gamma], rtol=1e-3, atol=1e-4)
         expected_dx = scale * inv_std / n * (n * dys[device] - d_bias - x_hats[device] * d_gamma)
-        np.testing.assert_allclose(workspace.FetchBlob("cpu_{}/data_grad".format(device)),
+        np.testing.assert_allclose(workspace.FetchBlob(f"cpu_{device}/data_grad"),
                                    expected_dx, rtol=1e-3, atol=1e-4)
+
+
+def test_equiv_cpu_8_and_16_devices() -> None:
+    result_1 = run_model([0], gpu=False)
+    assert np.allclose(result_1, run_model(list(range(8)), gpu=False))
+    assert np.allclose(result_1, run_model(list(range(16)), gpu=False))
+
+
+def test_equiv_gpu_without_peer_access(monkeypatch: pytest.MonkeyPatch) -> None:
+    workspace.SetVirtualGpus(16)
+    monkeypatch.setattr(workspace, "GetGpuPeerAccessPattern",
+                        lambda: np.eye(16, dtype=bool))
+    result_1 = run_model([0], gpu=True)
+    for devices in ([0, 1], list(range(4)), list(range(8)), list(range(16))):
+        assert np.allclose(result_1, run_model(devices, gpu=True))
+
+
+# ------------------------------------------------ SparseDataParallelModelTestWithSharedIndices
+
+def run_shared_indices_model(V: int, gpu_devices: list[int]) -> None:
+    from dpgraph.proto import caffe2_pb2
+
+    state: dict = {}
+
+    def model_build_fun(model, loss_scale):
+        gpu_vecs_gathered = []
+        gpu_vecs = []
+        for num, vec in enumerate(state["vecs"]):
+            gpu_vec = model.param_init_net.CopyCPUToGPU(vec, f"gpuvec_{num}")
+            if num != 2:
+                model.params.append(gpu_vec)
+            gpu_vecs.append(gpu_vec)
+        for num, gpu_vec in enumerate(gpu_vecs):
+            gpu_vec_gathered = model.net.Gather([gpu_vec, "indices"],
+                                                [f"gpu_vec_gathered_{num}"])
+            gpu_vecs_gathered.append(gpu_vec_gathered)
+        assert len(gpu_vecs_gathered) == 3
+        fc = model.net.FC([gpu_vecs_gathered[2], gpu_vecs_gathered[0], gpu_vecs_gathered[1]],
+                          ["fc"])
+        _, loss = model.net.SoftmaxWithLoss([fc, "label"], ["ce_loss", "avg_loss"],
+                                            only_loss=True)
+        loss = model.Scale(loss, scale=loss_scale)
+        model.net.Print(loss, [], limit=10)
+        return [loss]
+
+    def param_update_fun(model):
+        ONE = model.param_init_net.ConstantFill([], "ONE", shape=[1], value=1.0)
+        LR = model.CopyCPUToGPU(state["LR"], "LR")
+        for param in model.GetParams():
+            param_grad = model.param_to_grad[param]
+            if not isinstance(param_grad, core.GradientSlice):
+                model.WeightedSum([param, ONE, param_grad, LR], param)
+            else:
+                model.net.ScatterWeightedSum(
+                    [param, ONE, param_grad.indices, param_grad.values, ONE], param)
+
+    workspace.ResetWorkspace()
+    model = cnn.CNNModelHelper(order="NHWC", name=f"sparse_test{gpu_devices}")
+    batch_size = 32
+    batch_per_device = batch_size // len(gpu_devices)
+    with core.NameScope("cpu"):
+        with core.DeviceScope(core.DeviceOption(caffe2_pb2.CPU)):
+            state["ITER"] = model.Iter("ITER")
+            state["LR"] = model.net.LearningRate([state["ITER"]], "LR", base_lr=(-0.1),
+                                                 policy="fixed")
+            state["vecs"] = [model.param_init_net.UniformFill([], f"vec_{num}",
+                                                              shape=[V, 16])
+                             for num in range(2)]
+            state["vecs"].append(model.param_init_net.UniformFill(
+                [], "vec_2", shape=[batch_per_device, 16]))
+            model.param_init_net.ConstantFill([], "ONE_CPU", shape=[1], value=1.0)
+    data_parallel_model.Parallelize_GPU(
+        model, input_builder_fun=lambda m: None, forward_pass_builder_fun=model_build_fun,
+        param_update_builder_fun=param_update_fun, devices=gpu_devices)
+    with core.DeviceScope(core.DeviceOption(workspace.GpuDeviceType, 0)):
+        for num, vec in enumerate(state["vecs"][:-1]):
+            model.CopyGPUToCPU(f"gpu_0/gpuvec_{num}", vec)
+
+    for i in range(0, 3):
+        np.random.seed(2603)
+        full_indices = np.random.permutation(V)[:batch_size].reshape(batch_size)
+        full_labels = full_indices[:] % batch_per_device
+        for (j, g) in enumerate(gpu_devices):
+            st = j * batch_per_device
+            en = st + batch_per_device
+            with core.DeviceScope(core.DeviceOption(workspace.GpuDeviceType, g)):
+                workspace.FeedBlob(f"gpu_{g}/indices",
+                                   full_indices[st:en].astype(np.int32))
+                workspace.FeedBlob(f"gpu_{g}/label",
+                                   full_labels[st:en].astype(np.int32))
+        if i == 0:
+            workspace.RunNetOnce(model.param_init_net)
+            orig_vecs = [np.random.rand(V, 16).astype(np.float32),
+                         np.random.rand(V).astype(np.float32),
+                         np.random.rand(V, 16).astype(np.float32)]
+            for vec, orig_vec in zip(state["vecs"], orig_vecs):
+                workspace.FeedBlob(vec, orig_vec)
+            for g in gpu_devices:
+                for num, orig_vec in enumerate(orig_vecs):
+                    workspace.FeedBlob(f"gpu_{g}/gpuvec_{num}", orig_vec,
+                                       device_option=core.DeviceOption(
+                                           workspace.GpuDeviceType, g))
+            workspace.CreateNet(model.net)
+        workspace.RunNet(model.net.Proto().name)
+        idx = workspace.FetchBlob("gpu_0/indices")
+        grad_slices = [workspace.FetchBlob(f"gpu_{g}/gpu_vec_gathered_{num}_grad")
+                       for g in gpu_devices for num in range(2)]
+        for grad_slice in grad_slices:
+            assert len(idx) == len(grad_slice)
+
+
+def test_sparse_shared_indices_gpu() -> None:
+    workspace.SetVirtualGpus(4)
+    V = 1000
+    run_shared_indices_model(V, [0, 1])
+    run_shared_indices_model(V, [0])
+    run_shared_indices_model(V, list(range(4)))

@@ -676,3 +676,174 @@ def test_cnn_model_helper_iter() -> None:
     workspace.RunNetOnce(model.param_init_net)
     workspace.RunNetOnce(model.net)
     assert workspace.FetchBlob("ITER") == 1
+
+
+def test_nccl_broadcast_of_computed_params() -> None:
+    def bn_forward(model, loss_scale):
+        bn = brew.spatial_bn(model, "data", "bn", 4, epsilon=1e-3, is_test=False)
+        sq = model.net.SquaredL2Distance([model.net.Flatten(bn, "flat"), "label"], "sq")
+        return [model.net.Scale(model.net.AveragedLoss(sq, "loss"), "ls", scale=loss_scale)]
+
+    model = parallelize([0, 1], gpu=True, use_nccl=True, forward_pass_builder_fun=bn_forward)
+    bcast = ops(model.net, "NCCLBroadcast")
+    assert [list(op.input) for op in bcast] == [["gpu_0/bn_rm", "gpu_1/bn_rm"],
+                                                ["gpu_0/bn_riv", "gpu_1/bn_riv"]]
+    for op in bcast:
+        assert list(op.output) == list(op.input)
+        assert list(op.arg) == []
+        assert op.device_option.device_id == 0
+        assert op.device_option.device_type == workspace.GpuDeviceType
+
+
+def test_parallelize_gpu_is_a_pass_through() -> None:
+    workspace.SetVirtualGpus(2)
+    model = model_helper.ModelHelper(name="gpu_pass")
+    data_parallel_model.Parallelize_GPU(model, input_builder_fun=input_fun,
+                                        forward_pass_builder_fun=forward,
+                                        param_update_builder_fun=param_update, devices=[0, 1])
+    assert model._device_prefix == "gpu"
+    model = model_helper.ModelHelper(name="cpu_pass")
+    data_parallel_model.Parallelize_CPU(model, input_fun, forward, param_update, devices=[0, 1])
+    assert model._device_prefix == "cpu"
+
+
+def test_combine_spatial_bn_cpu_structure() -> None:
+    def bn_forward(model, loss_scale):
+        bn = brew.spatial_bn(model, "data", "bn", 4, epsilon=1e-3, is_test=False)
+        sq = model.net.SquaredL2Distance([model.net.Flatten(bn, "flat"), "label"], "sq")
+        return [model.net.Scale(model.net.AveragedLoss(sq, "loss"), "ls", scale=loss_scale)]
+
+    model = parallelize([0, 1], forward_pass_builder_fun=bn_forward,
+                        optimizer_builder_fun=build_sgd, combine_spatial_bn=True)
+    net_ops = list(model.net.Proto().op)
+    i = next(k for k, op in enumerate(net_ops) if op.type == "ChannelStats")
+    summary = [(op.type, list(op.input), list(op.output)) for op in net_ops[i:i + 6]]
+    assert summary[:4] == [
+        ("ChannelStats", ["cpu_0/data"], ["cpu_0/data_sums", "cpu_0/data_sumsq"]),
+        ("ChannelStats", ["cpu_1/data"], ["cpu_1/data_sums", "cpu_1/data_sumsq"]),
+        ("Sum", ["cpu_0/data_sums", "cpu_1/data_sums"], ["cpu_0/data_sums_combined"]),
+        ("Sum", ["cpu_0/data_sumsq", "cpu_1/data_sumsq"], ["cpu_0/data_sumsq_combined"]),
+    ]
+    for op in net_ops[i:i + 4]:
+        assert not op.HasField("device_option")
+    for op, d in zip(net_ops[i + 4:i + 6], (0, 1)):
+        assert op.type == "SpatialBN"
+        assert list(op.input)[-2:] == ["cpu_0/data_sums_combined", "cpu_0/data_sumsq_combined"]
+        assert list(op.input)[0] == f"cpu_{d}/data"
+        assert [a.i for a in op.arg if a.name == "num_batches"] == [2]
+    j = next(k for k, op in enumerate(net_ops) if op.type == "ChannelBackpropStats")
+    back = [(op.type, list(op.input), list(op.output)) for op in net_ops[j:j + 10]]
+    assert back[0] == ("ChannelBackpropStats",
+                       ["cpu_0/data", "cpu_0/bn_sm", "cpu_0/bn_siv", "cpu_0/bn_grad"],
+                       ["cpu_0/bn_s_grad", "cpu_0/bn_b_grad"])
+    assert back[2:8] == [
+        ("Sum", ["cpu_0/bn_s_grad", "cpu_1/bn_s_grad"], ["cpu_0/bn_s_grad_combined"]),
+        ("Copy", ["cpu_0/bn_s_grad_combined"], ["cpu_0/bn_s_grad"]),
+        ("Copy", ["cpu_0/bn_s_grad_combined"], ["cpu_1/bn_s_grad"]),
+        ("Sum", ["cpu_0/bn_b_grad", "cpu_1/bn_b_grad"], ["cpu_0/bn_b_grad_combined"]),
+        ("Copy", ["cpu_0/bn_b_grad_combined"], ["cpu_0/bn_b_grad"]),
+        ("Copy", ["cpu_0/bn_b_grad_combined"], ["cpu_1/bn_b_grad"]),
+    ]
+    for op in net_ops[j + 8:j + 10]:
+        assert op.type == "SpatialBNGradient"
+        assert list(op.input)[-2:] == list(op.output)[1:3]
+        assert [a.i for a in op.arg if a.name == "num_batches"] == [2]
+
+
+def test_combine_spatial_bn_interleaves_forward_ops() -> None:
+    model = parallelize([0, 1, 2], optimizer_builder_fun=build_sgd, combine_spatial_bn=True)
+    fcs = [op.device_option.device_id for op in model.net.Proto().op if op.type == "FC"]
+    assert fcs == [0, 1, 2, 0, 1, 2]
+
+
+def test_ideep_graph() -> None:
+    model = model_helper.ModelHelper(name="ideep")
+    data_parallel_model.Parallelize_iDeep(model, input_fun, forward,
+                                          optimizer_builder_fun=build_sgd, devices=[0, 1])
+    assert model._device_prefix == "ideep"
+    assert model._device_type == caffe2_pb2.IDEEP
+    sums = ops(model.net, "Sum")
+    assert sums and all(op.device_option.device_type == caffe2_pb2.IDEEP for op in sums)
+    assert data_parallel_model.GetLearningRateBlobNames(model) == [
+        model._optimizer.get_cpu_blob_name("lr")]
+    with core.DeviceScope(core.DeviceOption(caffe2_pb2.IDEEP, 1)):
+        converted = data_parallel_model.ConvertNetForDevice(model_helper.ModelHelper().net)
+    assert converted.Proto().op[:] == []
+    net = core.Net("n")
+    net.Relu("x", "y")
+    converted = data_parallel_model.ConvertNetForDevice(net, core.DeviceOption(caffe2_pb2.IDEEP, 1))
+    assert converted.Proto().op[0].input[0] == "ideep_1/x"
+
+
+def test_params_created_before_parallelize_are_not_data_parallel() -> None:
+    model = model_helper.ModelHelper(name="pre_params")
+    with core.DeviceScope(core.DeviceOption(caffe2_pb2.CPU)):
+        shared = model.create_param("shared_w", [1], _constant_init())
+    data_parallel_model.Parallelize(model, input_fun, forward,
+                                    param_update_builder_fun=param_update,
+                                    devices=[0, 1], cpu_device=True)
+    assert "shared_w" not in model._device_grouped_blobs
+    assert str(shared) not in {str(k) for k in model._device_grouped_blobs}
+    assert list(model._device_grouped_blobs)[:4] == PARAMS
+
+
+def _constant_init() -> Any:
+    from dpgraph.modeling.initializers import Initializer
+
+    return Initializer("ConstantFill", value=0.5)
+
+
+def test_iter_blobs_are_cpu_in_blob_device_map() -> None:
+    model = parallelize([0, 1], gpu=True)
+    assert model._blob_to_device["gpu_1/ITER"].device_type == caffe2_pb2.CPU
+    assert model._blob_to_device["gpu_1/fc1_w"].device_type == workspace.GpuDeviceType
+    assert model._blob_to_device["gpu_1/fc1_w"].device_id == 1
+
+
+def test_cross_device_op_is_refused() -> None:
+    def cheat(model, loss_scale):
+        losses = forward(model, loss_scale)
+        if scope.CurrentNameScope() == "gpu_1/":
+            model.net.Relu(core.BlobReference("gpu_0/fc1"), "peek")
+        return losses
+
+    with pytest.raises(Exception, match="should have namescope gpu_1/"):
+        parallelize([0, 1], gpu=True, forward_pass_builder_fun=cheat)
+
+
+def test_run_net_runs_pairs_their_own_count() -> None:
+    model = parallelize([0, 1])
+    counter = core.Net("counter_net")
+    counter.ConstantFill([], "pair_count", shape=[1], value=0.0)
+    counter_once = core.Net("inc_net")
+    counter_once.Add(["pair_count", "pair_one"], "pair_count")
+    model._data_parallel_model_nets.append((counter_once, 2))
+    feed(model, [0, 1])
+    workspace.FeedBlob("pair_one", np.array([1.0], np.float32))
+    workspace.RunNetOnce(counter)
+    data_parallel_model.RunInitNet(model)
+    data_parallel_model.RunNet(model, 3)
+    assert workspace.FetchBlob("cpu_0/ITER") == 3
+    np.testing.assert_array_equal(workspace.FetchBlob("pair_count"), [2.0])
+
+
+def test_gpu_initial_sync_device_options() -> None:
+    model = parallelize([0, 1, 2], gpu=True)
+    copies = {op.output[0]: op.device_option for op in ops(model.param_init_net, "Copy")}
+    # brew.iter creates ITER on the CPU: its sync copy runs on the CPU
+    assert copies["gpu_2/ITER"].device_type == caffe2_pb2.CPU
+    assert copies["gpu_2/fc1_w"].device_type == workspace.GpuDeviceType
+    assert copies["gpu_2/fc1_w"].device_id == 2
+
+
+def test_module_globals_like_caffe2() -> None:
+    from unittest import mock
+
+    for name, module in (("workspace", workspace), ("core", core), ("scope", scope),
+                         ("model_helper", model_helper)):
+        assert getattr(data_parallel_model, name) is module
+    assert data_parallel_model.caffe2_pb2 is caffe2_pb2
+    with mock.patch("dpgraph.data_parallel_model.workspace.GetGpuPeerAccessPattern",
+                    return_value=np.eye(2, dtype=bool)):
+        model = parallelize([0, 1], gpu=True)
+    assert any(op.output[0].endswith("_gpu1_copy") for op in ops(model.net, "Copy"))

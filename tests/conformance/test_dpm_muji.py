@@ -47,7 +47,7 @@ def RunningAllreduceWithGPUs(gpu_ids: Sequence[int], allreduce_function: Callabl
     for idx in gpu_ids:
         blob = workspace.FetchBlob("testblob_gpu_" + str(idx) + affix)
         np.testing.assert_array_equal(blob, target_value,
-                                      err_msg="gpu id %d of %s" % (idx, str(gpu_ids)))
+                                      err_msg=f"gpu id {idx} of {gpu_ids}")
         assert blob.shape == (1, 2, 3, 4)
     return list(result), net
 
@@ -271,3 +271,26 @@ def test_allreduce_on_gradients_of_a_parallel_model() -> None:
     workspace.RunNetOnce(net)
     for gpu in range(4):
         np.testing.assert_array_equal(workspace.FetchBlob(f"gpu_{gpu}/fc_w_grad"), [6.0, 6.0])
+
+
+def test_no_blobs_reduce_to_nothing() -> None:
+    net = core.Net("muji_empty")
+    assert muji.AllreduceFallback(net, [], "_reduced", []) == []
+    assert muji.Allreduce(net, []) == []
+    assert len(net.Proto().op) == 0
+
+
+def test_peer_pattern_patched_through_module_global() -> None:
+    """``mock.patch.object(muji.workspace, 'GetGpuPeerAccessPattern', ...)`` as Caffe2-era
+    tests write it: ``muji.workspace`` is the workspace module."""
+    from unittest import mock
+
+    assert muji.workspace is workspace
+    with mock.patch.object(muji.workspace, "GetGpuPeerAccessPattern",
+                           return_value=groups(4, (0, 2), (2, 4))):
+        _, net = RunningAllreduceWithGPUs([0, 1, 2, 3], muji.Allreduce)
+    assert added_ops(net, 4)[2] == ("Copy", [r(2)], [r(2) + "_copy"], 0)
+    with mock.patch("dpgraph.muji.workspace.GetGpuPeerAccessPattern",
+                    return_value=np.eye(2, dtype=bool)):
+        _, net = RunningAllreduceWithGPUs([0, 1], muji.Allreduce)
+    assert added_ops(net, 2)[0] == ("Copy", [b(0)], [r(0)], 0)

@@ -74,6 +74,7 @@ def scenario_collectives(cfg: dict[str, Any]) -> dict[str, Any]:
     names = ["cpu_0/g", "cpu_1/g", "w", "r", "gathered", "s_mine"]
     result = {name: workspace.FetchBlob(name).tolist() for name in names}
     result["dag"] = dag_allreduces(rank).tolist()
+    result["dpm"] = dpm_allreduces(rank, size).tolist()
     return result
 
 
@@ -98,6 +99,27 @@ def dag_allreduces(rank: int, count: int = 6, slots: int = 2) -> np.ndarray:
         previous[slot] = blob
     workspace.RunNetOnce(net)
     return np.stack([workspace.FetchBlob(f"grad_{k}") for k in range(count)])
+
+
+def dpm_allreduces(rank: int, size: int, count: int = 5) -> np.ndarray:
+    """The same through Parallelize's own CollectivesConcurrencyControl (2 slots), which
+    emits CreateCommonWorld, then CloneCommonWorld, from a typed Rendezvous."""
+    from dpgraph.collectives import Rendezvous
+    from dpgraph.parallel.collectives_control import CollectivesConcurrencyControl
+
+    rendezvous = Rendezvous("store", shard_id=rank, num_shards=size)
+    init, net = core.Net("dpm_init"), core.Net("dpm")
+    net.Proto().type = "dag"
+    control = CollectivesConcurrencyControl("allreduce", 2, init, rendezvous)
+    for k in range(count):
+        blob = f"dpm_grad_{k}"
+        workspace.FeedBlob(blob, np.full(3, (rank + 1) * (k + 1), np.float32))
+        world, control_input = control.get_control_and_context(blob)
+        net.Allreduce([world, blob], [blob], engine="GLOO", control_input=control_input)
+    assert [op.type for op in init.Proto().op] == ["CreateCommonWorld", "CloneCommonWorld"]
+    workspace.RunNetOnce(init)
+    workspace.RunNetOnce(net)
+    return np.stack([workspace.FetchBlob(f"dpm_grad_{k}") for k in range(count)])
 
 
 def scenario_kill(cfg: dict[str, Any]) -> dict[str, Any]:

@@ -32,6 +32,8 @@ def _check_collectives(results: list[dict[str, Any]], size: int) -> None:
         ranks_sum = size * (size + 1) / 2
         np.testing.assert_array_equal(result["dag"], np.outer(np.arange(1, 7) * ranks_sum,
                                                               np.ones(5)))
+        np.testing.assert_array_equal(result["dpm"], np.outer(np.arange(1, 6) * ranks_sum,
+                                                              np.ones(3)))
 
 
 def test_two_ranks_file_store(file_store: dict[str, Any]) -> None:

@@ -107,3 +107,12 @@ def test_join_world_generations_and_checks(tmp_path: Path) -> None:
         join_world(file_store(str(tmp_path / "x")), "cw", 3, 2, "GLOO", "tcp", 1)
     (lonely,) = _join_all(tmp_path / "lonely", [{"rank": 0, **spec}], 0.3)
     assert isinstance(lonely, CollectiveTimeoutError) and "ranks [1] did not join" in str(lonely)
+
+
+def test_a_failing_store_is_a_typed_error() -> None:
+    class Gone:
+        def add(self, key: str, value: int) -> int:
+            raise RuntimeError("Connection reset by peer")
+
+    with pytest.raises(CollectiveTimeoutError, match="rendezvous store failed"):
+        join_world(Gone(), "cw", 0, 2, "GLOO", "tcp", 1.0)

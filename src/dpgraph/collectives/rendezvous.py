@@ -26,7 +26,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dpgraph.collectives.base import DEFAULT_TIMEOUT_SEC
-from dpgraph.errors import CollectiveTimeoutError, MissingDependencyError, RendezvousError
+from dpgraph.errors import (
+    CollectiveError,
+    CollectiveTimeoutError,
+    MissingDependencyError,
+    RendezvousError,
+)
 from dpgraph.ir.blob import BlobReference
 
 logger = logging.getLogger("dpgraph.collectives.rendezvous")
@@ -282,15 +287,27 @@ def join_world(store: Any, name: str, rank: int, size: int, engine: str, transpo
     if not 0 <= rank < size:
         raise RendezvousError(f"Common world {name!r}: rank {rank} is outside 0..{size - 1}; "
                               "check shard_id and num_shards.")
-    base = f"dpgraph/cw/{name}/"
-    generation = store.add(f"{base}generation/{rank}", 1)
-    prefix = f"{base}{generation}/"
     me = Member(rank, size, engine.upper(), transport, socket.gethostname(), os.getpid())
-    if store.add(f"{prefix}claims/{rank}", 1) > 1:
+    try:
+        return _join(store, name, me, timeout)
+    except RuntimeError as error:  # the store itself failed (its server is gone, I/O error)
+        if isinstance(error, CollectiveError):
+            raise
+        raise CollectiveTimeoutError(
+            f"CreateCommonWorld {name!r} (rank {rank} of {size}): the rendezvous store "
+            f"failed: {error}. Check that the store's server (rank 0 for a TCPStore) runs and "
+            "that every rank reaches the same path or host:port.") from error
+
+
+def _join(store: Any, name: str, me: Member, timeout: float) -> tuple[str, dict[int, Member]]:
+    base = f"dpgraph/cw/{name}/"
+    generation = store.add(f"{base}generation/{me.rank}", 1)
+    prefix = f"{base}{generation}/"
+    if store.add(f"{prefix}claims/{me.rank}", 1) > 1:
         raise RendezvousError(
-            f"Common world {name!r}: another process already claimed rank {rank} "
+            f"Common world {name!r}: another process already claimed rank {me.rank} "
             f"(this is {me.host} pid {me.pid}); give every process its own shard_id.")
-    _publish(store, f"{prefix}member/{rank}", me.__dict__)
+    _publish(store, f"{prefix}member/{me.rank}", me.__dict__)
     return prefix, _wait_members(store, name, prefix, me, timeout)
 
 

@@ -48,8 +48,9 @@ def broadcast(state: ParallelState, net: Any, name: str, use_nccl: bool = False)
     master = state.master
     if use_nccl and state.is_gpu_blob(name):
         blobs = list(group.values())
+        # no ``root`` argument, as in Caffe2 (the op's default root is input 0)
         emit(net, make_op("NCCLBroadcast", blobs, blobs,
-                          device_option(state.config.device_type, master), root=0))
+                          device_option(state.config.device_type, master)))
         return
     if state.is_gpu_blob(name):
         options = [device_option(state.config.device_type, d) for d in state.devices[1:]]
