@@ -116,3 +116,21 @@ def test_missing_cupy_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setitem(sys.modules, "cupy", None)
     with pytest.raises(MissingDependencyError, match="cupy"):
         check_available("nccl")
+
+
+def test_large_blobs_take_the_chunked_path_bitwise_equal() -> None:
+    rng = np.random.default_rng(0)
+    n = (8 << 20) // 4 + 12345  # over the chunking threshold, not a multiple of a chunk
+    copies = [rng.standard_normal(n).astype(np.float32) for _ in range(3)]
+    expected = (copies[0] + copies[1]) + copies[2]
+    CpuBackend("w").allreduce(copies)
+    for copy in copies:
+        np.testing.assert_array_equal(copy, expected)
+
+
+def test_non_contiguous_copies_are_reduced_in_place() -> None:
+    base = [np.arange(12, dtype=np.float64).reshape(3, 4) for _ in range(2)]
+    views = [b[:, ::2] for b in base]
+    CpuBackend("w").allreduce(views)
+    np.testing.assert_array_equal(base[1][:, ::2], 2 * np.arange(12).reshape(3, 4)[:, ::2])
+    np.testing.assert_array_equal(base[1][:, 1::2], np.arange(12).reshape(3, 4)[:, 1::2])

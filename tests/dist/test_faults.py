@@ -60,20 +60,3 @@ def test_mismatched_settings(file_store: dict[str, Any], what: str) -> None:
         assert label in result["message"]
         assert result["create_s"] < 10.0  # found as soon as the peer arrives, no timeout
 
-
-if __name__ == "__main__":  # print the messages, for reading
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as tmp:
-        for res in run_ranks("kill", 3, {"kind": "file", "path": tmp + "/a"}, timeout_ms=3000,
-                             victim=1, iters=3, mode="kill"):
-            print(res.get("message"), res.get("stall"))
-        for res in run_ranks("kill", 2, {"kind": "file", "path": tmp + "/b"}, timeout_ms=2000,
-                             victim=0, iters=2, mode="hang"):
-            print(res.get("message"), res.get("stall"))
-        for res in run_ranks("create_only", 3, {"kind": "file", "path": tmp + "/c"},
-                             processes=2, timeout_ms=1500):
-            print(res.get("message"))
-        for res in run_ranks("create_only", 2, {"kind": "file", "path": tmp + "/d"},
-                             sizes={"1": 3}):
-            print(res.get("message"))

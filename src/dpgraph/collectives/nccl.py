@@ -99,6 +99,11 @@ class NcclBackend(BaseBackend):
             return super().missing_ranks()
         return describe_missing(self.members, self.rank)
 
+    def _check_dtype(self, buffers: Sequence[Any], op: str) -> None:
+        if str(buffers[0].dtype) not in _NCCL_TYPES:
+            raise CollectiveError(f"{self._what(op)}: NCCL cannot reduce {buffers[0].dtype}; "
+                                  f"supported: {sorted(_NCCL_TYPES)}.")
+
     # --- local communicators -------------------------------------------------------------
     def _local_comms(self, buffers: Sequence[Any]) -> list[Any]:
         devices = tuple(int(b.device.id) for b in buffers)
@@ -180,6 +185,7 @@ class NcclBackend(BaseBackend):
         if self._on_host(buffers):
             return super().allreduce(buffers, timeout)
         check_buffers(buffers, self._what("allreduce"))
+        self._check_dtype(buffers, "allreduce")
 
         def step() -> None:
             if self.size == 1:
@@ -198,6 +204,7 @@ class NcclBackend(BaseBackend):
         if self._on_host(buffers):
             return super().broadcast(buffers, root, timeout)
         check_buffers(buffers, self._what("broadcast"))
+        self._check_dtype(buffers, "broadcast")
         self._check_root(root, "broadcast")
 
         def step() -> None:
