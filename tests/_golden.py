@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -91,6 +92,20 @@ class Tally:
 
     def record(self, outcome: str) -> None:
         self.counts[outcome] += 1
+
+    def run(self, check: Callable[[str], None], case_name: str) -> None:
+        """Run ``check(case_name)`` and count its outcome; skip when the cases are absent."""
+        if not case_names():
+            pytest.skip("golden Caffe2 cases not found: needs ../shared/golden next to the repo")
+        try:
+            check(case_name)
+        except pytest.skip.Exception:
+            self.record("skipped")
+            raise
+        except BaseException:
+            self.record("failed")
+            raise
+        self.record("passed")
 
     def line(self, total: int) -> str:
         c = self.counts

@@ -34,6 +34,7 @@ from dpgraph.parallel.lifecycle import (
     RunWarmup,
 )
 from dpgraph.parallel.lifecycle import Synchronize as _synchronize
+from dpgraph.parallel.multihost import AllCompareBlobs
 from dpgraph.parallel.pipeline import parallelize
 from dpgraph.parallel.predictor import (
     ConvertNetForDevice,
@@ -127,7 +128,7 @@ def Synchronize(model: Any, timeout_sec: float = _DEFAULT_BARRIER_NET_TIMEOUT_SE
 
 
 __all__ = [
-    "AddBlobSync", "AddDistributedBlobSync", "CollectivesConcurrencyControl",
+    "AddBlobSync", "AddDistributedBlobSync", "AllCompareBlobs", "CollectivesConcurrencyControl",
     "ConvertNetForDevice", "CreateNet", "ExtractPredictorNet", "FinalizeAfterCheckpoint",
     "GetCheckpointParams", "GetLearningRateBlobNames", "OptimizeGradientMemory",
     "Parallelize", "Parallelize_BMUF", "Parallelize_CPU", "Parallelize_CPU_BMUF",

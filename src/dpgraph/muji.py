@@ -95,28 +95,27 @@ def Allreduce2(net: Any, blobs: Sequence[Any], reduced_affix: str,
 def Allreduce4(net: Any, blobs: Sequence[Any], reduced_affix: str,
                gpu_indices: Sequence[int]) -> list[BlobReference]:
     """(a+b), (c+d), then a+c; broadcast a->c, a->b, c->d."""
-    a, b, c, d = blobs
-    gpu_a, gpu_b, gpu_c, gpu_d = gpu_indices
-    a_r, b_r, c_r, d_r = _reduced(blobs, reduced_affix)
-    a_reduced = _op(net, "Add", [a, b], a_r, OnGPU(gpu_a))
-    c_reduced = _op(net, "Add", [c, d], c_r, OnGPU(gpu_c))
-    a_reduced = _op(net, "Add", [a_reduced, c_reduced], a_reduced, OnGPU(gpu_a))
-    c_reduced = _op(net, "Copy", [a_reduced], c_reduced, OnGPU(gpu_c))
-    b_reduced = _op(net, "Copy", [a_reduced], b_r, OnGPU(gpu_b))
-    d_reduced = _op(net, "Copy", [c_reduced], d_r, OnGPU(gpu_d))
-    return [a_reduced, b_reduced, c_reduced, d_reduced]
+    return _allreduce4(net, blobs, reduced_affix, gpu_indices, copy_c_to_a=False)
 
 
 def Allreduce4Group2(net: Any, blobs: Sequence[Any], reduced_affix: str,
                      gpu_indices: Sequence[int]) -> list[BlobReference]:
     """Like Allreduce4, but c+d is copied to a's GPU (``<c_r>_copy``) before adding."""
+    return _allreduce4(net, blobs, reduced_affix, gpu_indices, copy_c_to_a=True)
+
+
+def _allreduce4(net: Any, blobs: Sequence[Any], reduced_affix: str,
+                gpu_indices: Sequence[int], copy_c_to_a: bool) -> list[BlobReference]:
+    """The 4-GPU tree of Allreduce4; with ``copy_c_to_a`` (two peer groups, as in
+    Allreduce4Group2) c+d travels to a's GPU through an explicit Copy before the add."""
     a, b, c, d = blobs
     gpu_a, gpu_b, gpu_c, gpu_d = gpu_indices
     a_r, b_r, c_r, d_r = _reduced(blobs, reduced_affix)
     a_reduced = _op(net, "Add", [a, b], a_r, OnGPU(gpu_a))
     c_reduced = _op(net, "Add", [c, d], c_r, OnGPU(gpu_c))
-    c_copy = _op(net, "Copy", [c_reduced], str(c_reduced) + "_copy", OnGPU(gpu_a))
-    a_reduced = _op(net, "Add", [a_reduced, c_copy], a_reduced, OnGPU(gpu_a))
+    c_for_a = (_op(net, "Copy", [c_reduced], str(c_reduced) + "_copy", OnGPU(gpu_a))
+               if copy_c_to_a else c_reduced)
+    a_reduced = _op(net, "Add", [a_reduced, c_for_a], a_reduced, OnGPU(gpu_a))
     c_reduced = _op(net, "Copy", [a_reduced], c_reduced, OnGPU(gpu_c))
     b_reduced = _op(net, "Copy", [a_reduced], b_r, OnGPU(gpu_b))
     d_reduced = _op(net, "Copy", [c_reduced], d_r, OnGPU(gpu_d))

@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _dpm_updates import manual_sgd
 
 from dpgraph import brew, core, model_helper, workspace
 from dpgraph.errors import NotSupportedError, ParallelizeError
@@ -25,14 +26,6 @@ def forward(model: Any, loss_scale: float) -> list[Any]:
     sq = model.net.SquaredL2Distance([sigm, "label"], "sq")
     loss = model.net.AveragedLoss(sq, "loss")
     return [model.net.Scale(loss, "loss_scaled", scale=loss_scale)]
-
-
-def sgd_update(model: Any) -> None:
-    it = brew.iter(model, "ITER")
-    lr = model.net.LearningRate([it], "LR", base_lr=-0.1, policy="fixed")
-    one = model.param_init_net.ConstantFill([], "ONE", shape=[1], value=1.0)
-    for param in model.GetParams():
-        model.net.WeightedSum([param, one, model.param_to_grad[param], lr], param)
 
 
 def momentum_update(model: Any) -> None:
@@ -57,7 +50,7 @@ def _feed(devices: list[int], gpu: bool, prefix: str) -> None:
         workspace.FeedBlob(f"{prefix}_{d}/label", rs.rand(BATCH).astype(F32), _option(gpu, d))
 
 
-def _build(gpu: bool, devices: list[int], update: Any = sgd_update, **kwargs: Any) -> Any:
+def _build(gpu: bool, devices: list[int], update: Any = manual_sgd, **kwargs: Any) -> Any:
     if gpu:
         workspace.SetVirtualGpus(max(devices) + 1)
     model = model_helper.ModelHelper(name="bmuf")
@@ -205,7 +198,7 @@ def test_multi_host_needs_collectives() -> None:
     before = model.net.Proto().SerializeToString()
     rendezvous = {"kv_handler": "store", "shard_id": 0, "num_shards": 2, "engine": "GLOO"}
     with pytest.raises(NotSupportedError):
-        bmuf.Parallelize_CPU_BMUF(model, lambda m: None, forward, sgd_update, devices=[0, 1],
+        bmuf.Parallelize_CPU_BMUF(model, lambda m: None, forward, manual_sgd, devices=[0, 1],
                                   rendezvous=rendezvous)
     assert model.net.Proto().SerializeToString() == before
 
@@ -214,12 +207,12 @@ def test_errors_leave_model_unchanged() -> None:
     model = model_helper.ModelHelper(name="bmuf_bad")
     before = model.net.Proto().SerializeToString()
     with pytest.raises(ParallelizeError):
-        bmuf.Parallelize_CPU_BMUF(model, lambda m: None, lambda m, s: "loss", sgd_update,
+        bmuf.Parallelize_CPU_BMUF(model, lambda m: None, lambda m, s: "loss", manual_sgd,
                                   devices=[0, 1])
     assert model.net.Proto().SerializeToString() == before
     assert not hasattr(model, "_global_model_param_updates_net")
     with pytest.raises(ParallelizeError, match="master_device"):
-        bmuf.Parallelize_CPU_BMUF(model, lambda m: None, forward, sgd_update, devices=[0, 1],
+        bmuf.Parallelize_CPU_BMUF(model, lambda m: None, forward, manual_sgd, devices=[0, 1],
                                   master_device=5)
 
 
@@ -249,7 +242,7 @@ def test_data_parallel_model_facade() -> None:
     from dpgraph import data_parallel_model
 
     model = model_helper.ModelHelper(name="bmuf_facade")
-    data_parallel_model.Parallelize_CPU_BMUF(model, lambda m: None, forward, sgd_update,
+    data_parallel_model.Parallelize_CPU_BMUF(model, lambda m: None, forward, manual_sgd,
                                              devices=[0, 1], block_momentum=0.25)
     _feed([0, 1], False, "cpu")
     data_parallel_model.RunInitNet(model)

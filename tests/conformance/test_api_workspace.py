@@ -3,28 +3,16 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
+from _workspace import clean_runtime  # noqa: F401  (autouse)
 
 from dpgraph import core, scope, workspace
 from dpgraph.proto import caffe2_pb2
 from dpgraph.runtime import devices
 
 _ids = itertools.count()
-
-
-@pytest.fixture(autouse=True)
-def clean() -> Iterator[None]:
-    saved = (devices._state.virtual, devices._state.peer.copy())
-    workspace.SwitchWorkspace("default")
-    workspace.ResetWorkspace()
-    workspace.SetVirtualGpus(0)
-    yield
-    workspace.SwitchWorkspace("default")
-    workspace.ResetWorkspace()
-    workspace.SetVirtualGpus(saved[0], saved[1] if saved[0] else None)
 
 
 def _net(*ops: tuple[str, list[str], list[str]]) -> core.Net:

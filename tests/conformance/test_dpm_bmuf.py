@@ -3,25 +3,16 @@ host, on CPU devices and virtual GPUs."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import pytest
+from _workspace import clean_workspace  # noqa: F401  (autouse)
 
 from dpgraph import brew, core, data_parallel_model, model_helper, workspace
 from dpgraph.proto import caffe2_pb2
 
 PARAMS = ["fc_w", "fc_b"]
-
-
-@pytest.fixture(autouse=True)
-def _clean() -> Iterator[None]:
-    workspace.ResetWorkspace()
-    workspace.SetVirtualGpus(0)
-    yield
-    workspace.ResetWorkspace()
-    workspace.SetVirtualGpus(0)
 
 
 def forward(model: Any, loss_scale: float) -> list[Any]:

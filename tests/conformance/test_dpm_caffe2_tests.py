@@ -3,22 +3,29 @@ public modules exactly as Caffe2's tests call them (CPU devices and virtual GPUs
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from unittest.mock import Mock
 
 import numpy as np
 import pytest
+from _workspace import clean_workspace  # noqa: F401  (autouse)
 
 from dpgraph import brew, cnn, core, data_parallel_model, model_helper, optimizer, workspace
 
 
-@pytest.fixture(autouse=True)
-def _clean() -> Iterator[None]:
-    workspace.ResetWorkspace()
-    workspace.SetVirtualGpus(0)
-    yield
-    workspace.ResetWorkspace()
-    workspace.SetVirtualGpus(0)
+def _feed_device_shards(batch_size, devices, device_type, device_prefix):
+    """Draw a random batch (label = round(column 0)) and feed one equal shard to each
+    device's ``data`` and ``label`` blobs, as Caffe2's data_parallel_model tests do."""
+    full_data = np.random.rand(batch_size, 16)
+    full_labels = np.round(full_data[:, 0])
+    batch_per_device = batch_size // len(devices)
+    for (j, g) in enumerate(devices):
+        st = j * batch_per_device
+        en = st + batch_per_device
+        data = full_data[st:en, :].astype(np.float32)
+        labels = full_labels[st:en].astype(np.float32)
+        with core.DeviceScope(core.DeviceOption(device_type, g)):
+            workspace.FeedBlob(f"{device_prefix}_{g}/data", data)
+            workspace.FeedBlob(f"{device_prefix}_{g}/label", labels)
 
 
 def run_model(devices: list[int], gpu: bool) -> np.ndarray:
@@ -56,17 +63,7 @@ def run_model(devices: list[int], gpu: bool) -> np.ndarray:
     np.random.seed(2603)
     batch_size = 64
     for i in range(0, 4):
-        full_data = np.random.rand(batch_size, 16)
-        full_labels = np.round(full_data[:, 0])
-        batch_per_device = batch_size // len(devices)
-        for (j, g) in enumerate(devices):
-            st = j * batch_per_device
-            en = st + batch_per_device
-            data = full_data[st:en, :].astype(np.float32)
-            labels = full_labels[st:en].astype(np.float32)
-            with core.DeviceScope(core.DeviceOption(model._device_type, g)):
-                workspace.FeedBlob(f"{model._device_prefix}_{g}/data", data)
-                workspace.FeedBlob(f"{model._device_prefix}_{g}/label", labels)
+        _feed_device_shards(batch_size, devices, model._device_type, model._device_prefix)
         if i == 0:
             workspace.RunNetOnce(model.param_init_net)
             workspace.CreateNet(model.net)
@@ -245,17 +242,7 @@ def _bmuf_generate_data(devices, device_type, device_prefix):
     np.random.seed(26)
     batch_size = 64
     for _ in range(0, 10):
-        full_data = np.random.rand(batch_size, 16)
-        full_labels = np.round(full_data[:, 0])
-        batch_per_device = batch_size // len(devices)
-        for (j, g) in enumerate(devices):
-            st = j * batch_per_device
-            en = st + batch_per_device
-            data = full_data[st:en, :].astype(np.float32)
-            labels = full_labels[st:en].astype(np.float32)
-            with core.DeviceScope(core.DeviceOption(device_type, g)):
-                workspace.FeedBlob(f"{device_prefix}_{g}/data", data)
-                workspace.FeedBlob(f"{device_prefix}_{g}/label", labels)
+        _feed_device_shards(batch_size, devices, device_type, device_prefix)
 
 
 @pytest.mark.parametrize("cpu_device", [True, False])

@@ -1,7 +1,7 @@
 """Graph-level facts of a multi-host Parallelize (GLOO rendezvous, dict form), built on one
 process without running anything: common worlds, Allreduce/Broadcast ops, the barrier net
-and ``_DEFAULT_TIMEOUT_SEC`` (dpm-distributed-facts.md).  Skipped while no multi-host
-backend is registered with :mod:`dpgraph.parallel.distributed`."""
+and ``_DEFAULT_TIMEOUT_SEC`` (dpm-distributed-facts.md).  The multi-host hooks are
+registered by :mod:`dpgraph.parallel.multihost` whenever dpgraph is imported."""
 
 from __future__ import annotations
 
@@ -11,19 +11,12 @@ from typing import Any
 import pytest
 
 from dpgraph import brew, data_parallel_model, model_helper, workspace
-from dpgraph.errors import NotSupportedError
 
 GRADS = ["fc_w_grad", "fc_b_grad"]
 
 
 @pytest.fixture(autouse=True)
-def _needs_backend() -> Iterator[None]:
-    from dpgraph.parallel.distributed import get_distributed_hooks
-
-    try:
-        get_distributed_hooks()
-    except NotSupportedError:
-        pytest.skip("no multi-host backend registered (dpgraph.parallel.distributed)")
+def _fresh_workspace() -> Iterator[None]:
     workspace.ResetWorkspace()
     yield
     workspace.ResetWorkspace()

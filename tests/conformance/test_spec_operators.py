@@ -6,11 +6,11 @@ gradient makers are checked through ``core.GradientRegistry.GetGradientForOp``.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import pytest
+from _workspace import clean_workspace  # noqa: F401  (autouse)
 
 from dpgraph import core, workspace
 from dpgraph.ir.arguments import arguments_dict
@@ -19,14 +19,6 @@ from dpgraph.proto import caffe2_pb2
 CPU, CUDA = caffe2_pb2.PROTO_CPU, caffe2_pb2.PROTO_CUDA
 TP = caffe2_pb2.TensorProto
 RNG = np.random.default_rng(1234)
-
-
-@pytest.fixture(autouse=True)
-def _fresh_workspace() -> Iterator[None]:
-    workspace.ResetWorkspace()
-    yield
-    workspace.ResetWorkspace()
-    workspace.SetVirtualGpus(0)
 
 
 def _randn(*shape: int) -> np.ndarray:

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import pytest
+from _workspace import clean_workspace  # noqa: F401  (autouse)
 
 from dpgraph import brew, cnn, core, model_helper, optimizer, utils, workspace
 from dpgraph.ir.arguments import arguments_dict
@@ -16,14 +16,6 @@ from dpgraph.proto import caffe2_pb2
 ModelHelper = model_helper.ModelHelper
 CPU, CUDA = caffe2_pb2.PROTO_CPU, caffe2_pb2.PROTO_CUDA
 INT64 = caffe2_pb2.TensorProto.INT64
-
-
-@pytest.fixture(autouse=True)
-def _fresh_workspace() -> Iterator[None]:
-    workspace.ResetWorkspace()
-    yield
-    workspace.ResetWorkspace()
-    workspace.SetVirtualGpus(0)
 
 
 def _ops(net: Any, op_type: str) -> list[caffe2_pb2.OperatorDef]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from _dpm_updates import manual_sgd
 
 from dpgraph import brew, core, data_parallel_model, workspace
 from dpgraph.model_helper import ExtractPredictorNet, ModelHelper
@@ -72,21 +73,13 @@ def _parallel_forward(model: Any, loss_scale: float) -> list[Any]:
     return [model.net.Scale(loss, "loss_scaled", scale=loss_scale)]
 
 
-def _sgd(model: Any) -> None:
-    it = brew.iter(model, "ITER")
-    lr = model.net.LearningRate([it], "LR", base_lr=-0.1, policy="fixed")
-    one = model.param_init_net.ConstantFill([], "ONE", shape=[1], value=1.0)
-    for param in model.GetParams():
-        model.net.WeightedSum([param, one, model.param_to_grad[param], lr], param)
-
-
 def parallel_cnn(iterations: int = 3) -> Built:
     """Trained with data_parallel_model.Parallelize on 4 CPU devices; extracted with
     data_parallel_model.ExtractPredictorNet (parameters keep their ``cpu_0/`` names)."""
     workspace.ResetWorkspace()
     model = ModelHelper(name="dpm_export")
     data_parallel_model.Parallelize(model, lambda m: None, _parallel_forward,
-                                    param_update_builder_fun=_sgd,
+                                    param_update_builder_fun=manual_sgd,
                                     devices=list(range(DEVICES)), cpu_device=True)
     rng = np.random.default_rng(2)
     per = PARALLEL_BATCH // DEVICES

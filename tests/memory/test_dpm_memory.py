@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _dpm_updates import manual_sgd
 
 from dpgraph import brew, core, data_parallel_model, model_helper, workspace
 from dpgraph.memory import liveness
@@ -35,11 +36,7 @@ def forward(model: Any, loss_scale: float) -> list[Any]:
 
 
 def update(model: Any) -> None:
-    it = brew.iter(model, "ITER")
-    lr = model.net.LearningRate([it], "LR", base_lr=-0.05, policy="fixed")
-    one = model.param_init_net.ConstantFill([], "ONE", shape=[1], value=1.0)
-    for param in model.GetParams():
-        model.net.WeightedSum([param, one, model.param_to_grad[param], lr], param)
+    manual_sgd(model, base_lr=-0.05)
 
 
 def count_blobs(proto: caffe2_pb2.NetDef) -> int:

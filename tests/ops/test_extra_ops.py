@@ -441,13 +441,19 @@ def test_brew_lrn_and_fc_decomp_train_with_sgd() -> None:
     rng = np.random.default_rng(3)
     workspace.FeedBlob("data", rng.standard_normal((8, 2, 4, 4)).astype(np.float32))
     workspace.FeedBlob("target", rng.standard_normal((8, 1)).astype(np.float32))
+    losses = _train_losses(model, steps=15)
+    assert losses[-1] < losses[0]
+
+
+def _train_losses(model: ModelHelper, steps: int) -> list[float]:
+    """Run the init net once, then ``steps`` training steps; the ``loss`` after each."""
     workspace.RunNetOnce(model.param_init_net)
     workspace.CreateNet(model.net)
     losses = []
-    for _ in range(15):
+    for _ in range(steps):
         workspace.RunNet(model.net.Name())
         losses.append(float(workspace.FetchBlob("loss")))
-    assert losses[-1] < losses[0]
+    return losses
 
 
 def _sgd_model(name: str) -> ModelHelper:
@@ -518,13 +524,8 @@ def test_yellowfin_builder_trains() -> None:
     rng = np.random.default_rng(5)
     workspace.FeedBlob("data", rng.standard_normal((16, 3)).astype(np.float32))
     workspace.FeedBlob("target", rng.standard_normal((16, 1)).astype(np.float32))
-    workspace.RunNetOnce(model.param_init_net)
-    workspace.CreateNet(model.net)
-    losses = []
     # (YellowFin's curvature proxy is |g|², so a bias whose gradient gets small is given a
     # huge lr within a few dozen steps, in Caffe2 too: only the first steps are checked.)
-    for _ in range(5):
-        workspace.RunNet(model.net.Name())
-        losses.append(float(workspace.FetchBlob("loss")))
+    losses = _train_losses(model, steps=5)
     assert np.all(np.isfinite(losses)) and np.all(np.diff(losses) < 0), losses
     assert float(workspace.FetchBlob("fc_w_lr_avg")[0]) != pytest.approx(0.05)

@@ -67,14 +67,4 @@ def run_case(case_name: str) -> None:
 
 @pytest.mark.parametrize("case_name", case_names() or ["<golden data absent>"])
 def test_golden_case(case_name: str) -> None:
-    if not case_names():
-        pytest.skip("golden Caffe2 cases not found: needs ../shared/golden next to the repo")
-    try:
-        run_case(case_name)
-    except pytest.skip.Exception:
-        KERNELS.record("skipped")
-        raise
-    except BaseException:
-        KERNELS.record("failed")
-        raise
-    KERNELS.record("passed")
+    KERNELS.run(run_case, case_name)

@@ -13,8 +13,9 @@ from hypothesis import strategies as st
 
 import dpgraph.ops  # noqa: F401  (registers every op family)
 from dpgraph.errors import NoGradientError, ShapeError
+from dpgraph.ops._sparse_rows import occurrence_layers
 from dpgraph.ops.gradient_builder import build_gradient, make_op
-from dpgraph.ops.optim import Mutex, occurrence_layers
+from dpgraph.ops.optim import Mutex
 from dpgraph.ops.testing import check_gradient, run_op, run_ops
 
 RNG = np.random.default_rng(3)

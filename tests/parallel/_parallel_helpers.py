@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+from _dpm_updates import manual_sgd
 
 from dpgraph import brew, core, data_parallel_model, model_helper, workspace
 from dpgraph.proto import caffe2_pb2
@@ -61,19 +62,6 @@ def _initializer(op: str) -> Any:
     from dpgraph.modeling.initializers import Initializer
 
     return Initializer(op)
-
-
-def manual_sgd(model: Any) -> None:
-    """Per-device plain SGD with a fixed LR (what Caffe2's DPM tests do)."""
-    it = brew.iter(model, "ITER")
-    lr = model.net.LearningRate([it], "LR", base_lr=-0.1, policy="fixed")
-    one = model.param_init_net.ConstantFill([], "ONE", shape=[1], value=1.0)
-    for param in model.GetParams():
-        grad = model.param_to_grad[param]
-        if isinstance(grad, core.GradientSlice):
-            model.net.ScatterWeightedSum([param, one, grad.indices, grad.values, lr], param)
-        else:
-            model.net.WeightedSum([param, one, grad, lr], param)
 
 
 def optimizer_fun(kind: str) -> Callable[[Any], Any]:

@@ -3,16 +3,12 @@ plus a few test-only operators (registered once, under names no family uses)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import numpy as np
-import pytest
+from _workspace import clean_runtime  # noqa: F401  (autouse)
 
-from dpgraph import workspace
 from dpgraph.errors import ShapeError
 from dpgraph.ir.registry import OPERATORS, register_op
 from dpgraph.ops.context import OpContext, Outputs
-from dpgraph.runtime import devices
 
 
 def _register_test_ops() -> None:
@@ -39,13 +35,3 @@ def _register_test_ops() -> None:
 _register_test_ops()
 
 
-@pytest.fixture(autouse=True)
-def clean_runtime() -> Iterator[None]:
-    saved = (devices._state.virtual, devices._state.peer.copy())
-    workspace.SwitchWorkspace("default")
-    workspace.ResetWorkspace()
-    workspace.SetVirtualGpus(0)
-    yield
-    workspace.SwitchWorkspace("default")
-    workspace.ResetWorkspace()
-    workspace.SetVirtualGpus(saved[0], saved[1] if saved[0] else None)

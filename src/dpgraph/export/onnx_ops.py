@@ -381,13 +381,17 @@ def _vector(b: OnnxBuilder, index: int) -> str:
     return b.reshape(b.input(index), [-1])
 
 
-def _spatial_bn_check(args: dict[str, Any], op: caffe2_pb2.OperatorDef) -> str | None:
-    if not int(args.get("is_test", 0)):
-        return "SpatialBN in training mode (is_test=0) has no inference equivalent; set is_test=1"
-    return None
+def _needs_is_test(problem: str) -> Callable[..., str | None]:
+    """A converter check refusing ops in training mode (``is_test=0``) with ``problem``."""
+
+    def check(args: dict[str, Any], op: caffe2_pb2.OperatorDef) -> str | None:
+        return None if int(args.get("is_test", 0)) else problem
+
+    return check
 
 
-@converter("SpatialBN", check=_spatial_bn_check)
+@converter("SpatialBN", check=_needs_is_test(
+    "SpatialBN in training mode (is_test=0) has no inference equivalent; set is_test=1"))
 def _spatial_bn(b: OnnxBuilder) -> None:
     params = [_vector(b, i) for i in range(1, 5)]
     eps = float(b.args.get("epsilon", 1e-5))
@@ -511,13 +515,8 @@ def _elementwise_linear(b: OnnxBuilder) -> None:
 
 
 # --- dropout ------------------------------------------------------------------------------
-def _dropout_check(args: dict[str, Any], op: caffe2_pb2.OperatorDef) -> str | None:
-    if not int(args.get("is_test", 0)):
-        return "Dropout in training mode (is_test=0) is random; set is_test=1 for inference"
-    return None
-
-
-@converter("Dropout", check=_dropout_check)
+@converter("Dropout", check=_needs_is_test(
+    "Dropout in training mode (is_test=0) is random; set is_test=1 for inference"))
 def _dropout(b: OnnxBuilder) -> None:
     b.node("Identity", [b.input(0)], [b.output(0)])
     if len(b.op.output) > 1 and b.needed_outputs[1]:

@@ -62,18 +62,19 @@ def get_output_producers(ssa: Sequence[tuple[list[Versioned], list[Versioned]]]
 
 def producers(net: Any) -> dict[str, list[int]]:
     """``{blob: [indices of ops writing it]}`` in op order."""
-    result: defaultdict[str, list[int]] = defaultdict(list)
-    for index, op in enumerate(_ops(net)):
-        for b in op.output:
-            result[b].append(index)
-    return dict(result)
+    return _op_indices_by_blob(net, "output")
 
 
 def consumers(net: Any) -> dict[str, list[int]]:
     """``{blob: [indices of ops reading it]}`` in op order."""
+    return _op_indices_by_blob(net, "input")
+
+
+def _op_indices_by_blob(net: Any, field: str) -> dict[str, list[int]]:
+    """Blob -> indices of the ops naming it in their ``field`` (input or output), in op order."""
     result: defaultdict[str, list[int]] = defaultdict(list)
     for index, op in enumerate(_ops(net)):
-        for b in op.input:
+        for b in getattr(op, field):
             result[b].append(index)
     return dict(result)
 

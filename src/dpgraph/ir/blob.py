@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import namedtuple
 from typing import TYPE_CHECKING, Any
 
-from dpgraph.errors import BlobNameError, UnboundBlobError, UnknownOperatorError, did_you_mean
+from dpgraph.errors import BlobNameError, UnboundBlobError
 from dpgraph.ir import scope
 from dpgraph.ir.registry import OPERATORS
 
@@ -99,11 +99,7 @@ class BlobReference:
                 f"Cannot call {op_type} on blob {self._name!r}: it is not bound to a net. "
                 "Create the op with net.<OpType>(...) instead."
             )
-        if op_type not in OPERATORS:
-            raise UnknownOperatorError(
-                f"Method {op_type} is not a registered operator."
-                + did_you_mean(op_type, OPERATORS.types())
-            )
+        OPERATORS.require_method(op_type)
         return lambda *args, **kwargs: self._CreateAndAddToNet(op_type, *args, **kwargs)
 
     def __dir__(self) -> list[str]:

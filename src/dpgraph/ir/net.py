@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from dpgraph.errors import BlobNotFoundError, NetError, UnknownOperatorError, did_you_mean
+from dpgraph.errors import BlobNotFoundError, NetError
 from dpgraph.ir import scope
 from dpgraph.ir.arguments import MakeArgument
 from dpgraph.ir.blob import BlobReference, ScopedBlobReference, ScopedName, blob_name
@@ -203,11 +203,7 @@ class Net:
     def __getattr__(self, op_type: str) -> Callable[..., Any]:
         if op_type.startswith("__") or op_type.startswith("_"):
             raise AttributeError(op_type)
-        if op_type not in OPERATORS:
-            raise UnknownOperatorError(
-                f"Method {op_type} is not a registered operator."
-                + did_you_mean(op_type, OPERATORS.types())
-            )
+        OPERATORS.require_method(op_type)
         return lambda *args, **kwargs: self._CreateAndAddToSelf(op_type, *args, **kwargs)
 
     def __dir__(self) -> list[str]:

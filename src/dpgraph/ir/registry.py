@@ -89,7 +89,9 @@ class OperatorRegistry:
 
     def add(self, schema: OpSchema) -> OpSchema:
         if schema.type in self._schemas:
-            raise OperatorSchemaError(f"Operator {schema.type!r} is already registered.")
+            raise OperatorSchemaError(
+                f"Operator {schema.type!r} is already registered; each op type is registered "
+                "by exactly one family module, so give the new op another name.")
         self._schemas[schema.type] = schema
         return schema
 
@@ -108,6 +110,14 @@ class OperatorRegistry:
                 + did_you_mean(op_type, self._schemas)
             )
         return schema
+
+    def require_method(self, op_type: str) -> None:
+        """Raise Caffe2's error for ``net.<op_type>(...)`` when ``op_type`` is not registered."""
+        if op_type not in self._schemas:
+            raise UnknownOperatorError(
+                f"Method {op_type} is not a registered operator."
+                + did_you_mean(op_type, self._schemas)
+            )
 
     def types(self) -> list[str]:
         return sorted(self._schemas)
@@ -158,7 +168,8 @@ def register_gradient(
     def decorate(maker: GradientMaker) -> GradientMaker:
         schema = OPERATORS.lookup(op_type)
         if schema.gradient is not None:
-            raise OperatorSchemaError(f"Operator {op_type!r} already has a gradient maker.")
+            raise OperatorSchemaError(f"Operator {op_type!r} already has a gradient maker; "
+                                      "register one gradient maker per op type.")
         schema.gradient = maker
         schema.gradient_copies_arguments = copy_arguments
         return maker

@@ -10,16 +10,28 @@ from __future__ import annotations
 import contextlib
 import contextvars
 from collections.abc import Iterator
+from typing import TypeVar
 
 from dpgraph.errors import ScopeError
 from dpgraph.proto import caffe2_pb2
 
 _NAMESCOPE_SEPARATOR = "/"
+_T = TypeVar("_T")
 
 _namescope: contextvars.ContextVar[str] = contextvars.ContextVar("dpgraph_namescope", default="")
 _devicescope: contextvars.ContextVar[caffe2_pb2.DeviceOption | None] = contextvars.ContextVar(
     "dpgraph_devicescope", default=None
 )
+
+
+@contextlib.contextmanager
+def _value_within(var: contextvars.ContextVar[_T], value: _T) -> Iterator[None]:
+    """Set ``var`` to ``value`` inside the block; the old value comes back even on errors."""
+    token = var.set(value)
+    try:
+        yield
+    finally:
+        var.reset(token)
 
 
 def CurrentNameScope() -> str:
@@ -49,11 +61,8 @@ def NameScope(prefix: str | bytes | None, reset: bool = False) -> Iterator[None]
         )
     piece = prefix + _NAMESCOPE_SEPARATOR if prefix else ""
     old = _namescope.get()
-    token = _namescope.set(piece if reset else old + piece)
-    try:
+    with _value_within(_namescope, piece if reset else old + piece):
         yield
-    finally:
-        _namescope.reset(token)
 
 
 @contextlib.contextmanager
@@ -85,28 +94,19 @@ def DeviceScope(
             merged = sorted([*new_scope.extra_info, *old.extra_info])
             del new_scope.extra_info[:]
             new_scope.extra_info.extend(merged)
-    token = _devicescope.set(new_scope)
-    try:
+    with _value_within(_devicescope, new_scope):
         yield
-    finally:
-        _devicescope.reset(token)
 
 
 @contextlib.contextmanager
 def EmptyDeviceScope() -> Iterator[None]:
     """Clear the device scope inside the block."""
-    token = _devicescope.set(None)
-    try:
+    with _value_within(_devicescope, None):
         yield
-    finally:
-        _devicescope.reset(token)
 
 
 @contextlib.contextmanager
 def EmptyNameScope() -> Iterator[None]:
     """Clear the name scope inside the block."""
-    token = _namescope.set("")
-    try:
+    with _value_within(_namescope, ""):
         yield
-    finally:
-        _namescope.reset(token)

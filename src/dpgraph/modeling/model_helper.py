@@ -13,7 +13,6 @@ from dpgraph.errors import (
     ModelStateError,
     NotSupportedError,
     UnknownOperatorError,
-    did_you_mean,
 )
 from dpgraph.ir import scope
 from dpgraph.ir.blob import BlobReference, GradientSlice
@@ -330,10 +329,7 @@ class ModelHelper:
         """``model.<OpType>(...)`` adds the op to ``model.net``."""
         if op_type.startswith("__") or op_type.startswith("_"):
             raise AttributeError(op_type)
-        if op_type not in OPERATORS:
-            raise UnknownOperatorError(
-                f"Method {op_type} is not a registered operator."
-                + did_you_mean(op_type, OPERATORS.types()))
+        OPERATORS.require_method(op_type)
         if op_type not in _known_working_ops:
             if not self.allow_not_known_ops:
                 raise UnknownOperatorError(f"Operator {op_type} is not known to be safe")

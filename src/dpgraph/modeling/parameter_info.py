@@ -70,7 +70,8 @@ class ParameterInfo:
         if not self._cloned_init_net:
             net = self.blob.Net()
             if net is None:
-                raise ModelError(f"Parameter {self.name} is not bound to an init net.")
+                raise ModelError(f"Parameter {self.name} is not bound to an init net; create it "
+                                 "with model.create_param or an init-net fill op.")
             init_net, outputs = net.ClonePartial(
                 f"param_{self.param_id}_{self.name}_init", inputs=[], outputs=[self.blob])
             self._cloned_init_net = (init_net, outputs[0])

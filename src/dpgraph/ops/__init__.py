@@ -6,9 +6,9 @@ Importing this package registers every op dpgraph implements.
 import importlib
 
 _FAMILIES = (
-    "fill", "math", "activation", "nn", "norm", "loss", "shape", "utility", "optim",
-    "sparse", "queue", "device_copy", "collective", "distributed", "sequence", "image",
-    "text",
+    "fill", "math", "reduction", "activation", "nn", "norm", "loss", "shape", "utility", "optim",
+    "learning_rate", "sparse", "queue", "device_copy", "collective", "distributed", "sequence",
+    "image", "text",
 )
 
 for _family in _FAMILIES:

@@ -15,10 +15,10 @@ import numpy as np
 from dpgraph.errors import ArgumentError, GradientError
 from dpgraph.ir.arguments import arguments_dict
 from dpgraph.ir.registry import register_gradient, register_op
+from dpgraph.ops._common import as_dtype, same_as_input
 from dpgraph.ops.context import OpContext, Outputs
 from dpgraph.ops.fill import DataType
 from dpgraph.ops.gradient_builder import GradientBuilder
-from dpgraph.ops.math import as_dtype, same_as_input
 
 _SELU_ALPHA = 1.6732632423543772848170429916717
 _SELU_SCALE = 1.0507009873554804934193349852946

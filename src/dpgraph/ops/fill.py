@@ -18,6 +18,7 @@ import numpy as np
 from dpgraph.errors import ArgumentError
 from dpgraph.ir.arguments import arguments_dict
 from dpgraph.ir.registry import register_gradient, register_op
+from dpgraph.ops._common import to_host
 from dpgraph.ops.context import OpContext, Outputs
 from dpgraph.ops.gradient_builder import GradientBuilder
 from dpgraph.proto import caffe2_pb2
@@ -81,7 +82,7 @@ def fill_shape(ctx: OpContext) -> tuple[int, ...]:
             "cannot set the shape argument and pass an input at the same time"))
     source = ctx.inputs[0]
     if ctx.int_arg("input_as_shape", 0):
-        values = np.asarray(_to_host(source))
+        values = np.asarray(to_host(source))
         if values.ndim != 1:
             raise ctx.fail("with input_as_shape=1 the input must be a 1-D int64 tensor, "
                            f"got shape {values.shape}")
@@ -89,10 +90,6 @@ def fill_shape(ctx: OpContext) -> tuple[int, ...]:
     else:
         shape = list(np.shape(source))
     return tuple(shape + ctx.ints_arg("extra_shape"))
-
-
-def _to_host(value: Any) -> Any:
-    return value.get() if hasattr(value, "get") and not isinstance(value, np.ndarray) else value
 
 
 def _fill_shape_fn(default_dtype: int, dtype_arg: bool = False) -> Any:
@@ -169,8 +166,8 @@ def uniform_int_fill(ctx: OpContext) -> Outputs:
 
 def _bounds(ctx: OpContext, low: float, high: float) -> tuple[float, float]:
     if len(ctx.inputs) == 3:
-        low_value = np.asarray(_to_host(ctx.inputs[1])).reshape(-1)
-        high_value = np.asarray(_to_host(ctx.inputs[2])).reshape(-1)
+        low_value = np.asarray(to_host(ctx.inputs[1])).reshape(-1)
+        high_value = np.asarray(to_host(ctx.inputs[2])).reshape(-1)
         return float(low_value[0]), float(high_value[0])
     if len(ctx.inputs) == 2:
         raise ArgumentError(ctx.describe("takes 0, 1 or 3 inputs (shape, min, max), got 2"))

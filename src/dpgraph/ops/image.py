@@ -16,6 +16,7 @@ import numpy as np
 from dpgraph.errors import NotSupportedError
 from dpgraph.ir.arguments import arguments_dict
 from dpgraph.ir.registry import register_gradient, register_op
+from dpgraph.ops._common import FLOAT, host, same_as_input
 from dpgraph.ops._conv_util import (
     channel_first,
     channel_last,
@@ -28,10 +29,6 @@ from dpgraph.ops._conv_util import (
 )
 from dpgraph.ops.context import OpContext, Outputs
 from dpgraph.ops.gradient_builder import GradientBuilder
-from dpgraph.ops.math import same_as_input
-from dpgraph.ops.optim import host
-
-FLOAT, INT32 = 1, 2  # caffe2 TensorProto data types
 
 
 def _check_4d(ctx: OpContext, x: Any, what: str = "X") -> None:

@@ -12,19 +12,15 @@ from typing import Any
 import numpy as np
 
 from dpgraph.ir.registry import register_gradient, register_op
+from dpgraph.ops._common import FLOAT, like_inputs
 from dpgraph.ops.context import OpContext, Outputs
 from dpgraph.ops.gradient_builder import GradientBuilder
 
-FLOAT = 1  # caffe2 TensorProto.FLOAT
 _LOG_THRESHOLD = 1e-20
 DONT_CARE = -1  # SpatialSoftmaxWithLoss label to ignore
 
 
 # --- helpers ---------------------------------------------------------------------------------
-def _same_shape(op: Any, shapes: list, types: list) -> list:
-    return [None if shapes[0] is None else (tuple(shapes[0]), types[0] or FLOAT)]
-
-
 def _scalar_shape(op: Any, shapes: list, types: list) -> list:
     return [((), FLOAT)]
 
@@ -66,6 +62,11 @@ def _labels(ctx: OpContext, label: Any, n: int, d: int) -> Any:
     return label
 
 
+def _probability_rows(p: Any) -> Any:
+    """P as an N×D matrix of class probabilities; a 1-D P is one row (unlike ``_rows``)."""
+    return p.reshape(p.shape[0] if p.ndim > 1 else 1, -1)
+
+
 def _clamped_log(p: Any, xp: Any) -> Any:
     return xp.log(xp.maximum(p, _LOG_THRESHOLD))
 
@@ -86,7 +87,7 @@ def _softmax_loss_parts(ctx: OpContext, x2: Any, label: Any, weight: Any | None)
 
 
 @register_op("SoftmaxWithLoss", inputs=(2, 3), outputs=2,
-             shape=lambda op, s, t: [_same_shape(op, s, t)[0], ((), FLOAT)])
+             shape=lambda op, s, t: [like_inputs(0)(op, s, t)[0], ((), FLOAT)])
 def softmax_with_loss(ctx: OpContext) -> Outputs:
     """[logits, label(, weight)] -> [softmax, avg_loss]; args scale, label_prob, axis."""
     xp = ctx.xp
@@ -107,7 +108,7 @@ def _softmax_with_loss_grad(g: GradientBuilder) -> None:
     g.add("SoftmaxWithLossGradient", [*inputs, g.O(0), g.GO(1)], [g.GI(0)])
 
 
-@register_op("SoftmaxWithLossGradient", inputs=(4, 5), outputs=1, shape=_same_shape)
+@register_op("SoftmaxWithLossGradient", inputs=(4, 5), outputs=1, shape=like_inputs(0))
 def softmax_with_loss_gradient(ctx: OpContext) -> Outputs:
     """[X, label, (weight,) softmax, d_avg_loss] -> dX."""
     xp = ctx.xp
@@ -147,7 +148,7 @@ def _channel_softmax(x: Any, xp: Any) -> Any:
 
 
 @register_op("SpatialSoftmaxWithLoss", inputs=(2, 3), outputs=2,
-             shape=lambda op, s, t: [_same_shape(op, s, t)[0], ((), FLOAT)])
+             shape=lambda op, s, t: [like_inputs(0)(op, s, t)[0], ((), FLOAT)])
 def spatial_softmax_with_loss(ctx: OpContext) -> Outputs:
     """NCHW [X, label N×H×W (-1 = ignore)(, weights)] -> [softmax, avg_loss]."""
     xp = ctx.xp
@@ -168,7 +169,7 @@ def _spatial_softmax_with_loss_grad(g: GradientBuilder) -> None:
     g.add("SpatialSoftmaxWithLossGradient", [*inputs, g.O(0), g.GO(1)], [g.GI(0)])
 
 
-@register_op("SpatialSoftmaxWithLossGradient", inputs=(4, 5), outputs=1, shape=_same_shape)
+@register_op("SpatialSoftmaxWithLossGradient", inputs=(4, 5), outputs=1, shape=like_inputs(0))
 def spatial_softmax_with_loss_gradient(ctx: OpContext) -> Outputs:
     """[X, label, (weights,) softmax, d_avg_loss] -> dX."""
     xp = ctx.xp
@@ -190,7 +191,7 @@ def label_cross_entropy(ctx: OpContext) -> Outputs:
     """[P (N×D), label int (N)] -> -log(max(P[i, label_i], 1e-20))."""
     xp = ctx.xp
     p = ctx.inputs[0]
-    p2 = p.reshape(p.shape[0] if p.ndim > 1 else 1, -1)
+    p2 = _probability_rows(p)
     label = _labels(ctx, ctx.inputs[1], p2.shape[0], p2.shape[1])
     picked = p2[xp.arange(p2.shape[0]), label]
     return (-_clamped_log(picked, xp)).astype(p.dtype),
@@ -201,12 +202,12 @@ def _label_cross_entropy_grad(g: GradientBuilder) -> None:
     g.add("LabelCrossEntropyGradient", [g.I(0), g.I(1), g.GO(0)], [g.GI(0)])
 
 
-@register_op("LabelCrossEntropyGradient", inputs=3, outputs=1, shape=_same_shape)
+@register_op("LabelCrossEntropyGradient", inputs=3, outputs=1, shape=like_inputs(0))
 def label_cross_entropy_gradient(ctx: OpContext) -> Outputs:
     """[P, label, dY] -> dP = -dY / max(P[i, label_i], 1e-20) at the label, 0 elsewhere."""
     xp = ctx.xp
     p, label, dy = ctx.inputs
-    p2 = p.reshape(p.shape[0] if p.ndim > 1 else 1, -1)
+    p2 = _probability_rows(p)
     label = _labels(ctx, label, p2.shape[0], p2.shape[1])
     rows = xp.arange(p2.shape[0])
     dp = xp.zeros_like(p2)
@@ -219,7 +220,7 @@ def cross_entropy(ctx: OpContext) -> Outputs:
     """[P (N×D), soft labels (N×D)] -> -Σ_j label_ij·log(max(P_ij, 1e-20))."""
     xp = ctx.xp
     p, label = ctx.inputs
-    p2 = p.reshape(p.shape[0] if p.ndim > 1 else 1, -1)
+    p2 = _probability_rows(p)
     out = -(xp.asarray(label).reshape(p2.shape) * _clamped_log(p2, xp)).sum(axis=1)
     return (out.astype(p.dtype),)
 
@@ -229,12 +230,12 @@ def _cross_entropy_grad(g: GradientBuilder) -> None:
     g.add("CrossEntropyGradient", [g.I(0), g.I(1), g.GO(0)], [g.GI(0)])
 
 
-@register_op("CrossEntropyGradient", inputs=3, outputs=1, shape=_same_shape)
+@register_op("CrossEntropyGradient", inputs=3, outputs=1, shape=like_inputs(0))
 def cross_entropy_gradient(ctx: OpContext) -> Outputs:
     """[P, label, dY] -> dP = -dY·label / max(P, 1e-20)."""
     xp = ctx.xp
     p, label, dy = ctx.inputs
-    p2 = p.reshape(p.shape[0] if p.ndim > 1 else 1, -1)
+    p2 = _probability_rows(p)
     dp = (-xp.asarray(dy).reshape(-1, 1) * xp.asarray(label).reshape(p2.shape)
           / xp.maximum(p2, _LOG_THRESHOLD))
     return (dp.astype(p.dtype).reshape(p.shape),)
@@ -283,7 +284,7 @@ def _squared_l2_distance_grad(g: GradientBuilder) -> None:
 
 
 @register_op("SquaredL2DistanceGradient", inputs=3, outputs=2,
-             shape=lambda op, s, t: [_same_shape(op, s, t)[0], _same_shape(op, s[1:], t[1:])[0]])
+             shape=like_inputs(0, 1))
 def squared_l2_distance_gradient(ctx: OpContext) -> Outputs:
     """[X, Y, dD] -> [dX = (X-Y)·dD, dY = -dX]."""
     x, y, dd = ctx.inputs
@@ -305,7 +306,7 @@ def _averaged_loss_grad(g: GradientBuilder) -> None:
     g.add("AveragedLossGradient", [g.I(0), g.GO(0)], [g.GI(0)])
 
 
-@register_op("AveragedLossGradient", inputs=2, outputs=1, shape=_same_shape)
+@register_op("AveragedLossGradient", inputs=2, outputs=1, shape=like_inputs(0))
 def averaged_loss_gradient(ctx: OpContext) -> Outputs:
     """[X, dL] -> dX = dL / numel(X) everywhere."""
     x, dl = ctx.inputs
@@ -353,7 +354,7 @@ def dot_product_gradient(ctx: OpContext) -> Outputs:
 
 
 # --- ranking / embedding criteria ------------------------------------------------------------
-@register_op("CosineEmbeddingCriterion", inputs=2, outputs=1, shape=_same_shape)
+@register_op("CosineEmbeddingCriterion", inputs=2, outputs=1, shape=like_inputs(0))
 def cosine_embedding_criterion(ctx: OpContext) -> Outputs:
     """[S, Y (±1)] -> 1 - S where Y == 1, else max(0, S - margin)."""
     s, y = ctx.inputs
@@ -367,7 +368,7 @@ def _cosine_embedding_criterion_grad(g: GradientBuilder) -> None:
     g.add("CosineEmbeddingCriterionGradient", [g.I(0), g.I(1), g.GO(0)], [g.GI(0)])
 
 
-@register_op("CosineEmbeddingCriterionGradient", inputs=3, outputs=1, shape=_same_shape)
+@register_op("CosineEmbeddingCriterionGradient", inputs=3, outputs=1, shape=like_inputs(0))
 def cosine_embedding_criterion_gradient(ctx: OpContext) -> Outputs:
     """[S, Y, dOut] -> dS = -dOut where Y == 1, else dOut·[S >= margin]."""
     s, y, dout = ctx.inputs
@@ -376,7 +377,7 @@ def cosine_embedding_criterion_gradient(ctx: OpContext) -> Outputs:
     return ((dout * factor).astype(s.dtype),)
 
 
-@register_op("MarginRankingCriterion", inputs=3, outputs=1, shape=_same_shape)
+@register_op("MarginRankingCriterion", inputs=3, outputs=1, shape=like_inputs(0))
 def margin_ranking_criterion(ctx: OpContext) -> Outputs:
     """[X1, X2, Y (±1)] -> max(0, -Y·(X1 - X2) + margin)."""
     x1, x2, y = ctx.inputs
@@ -404,7 +405,7 @@ def _entropy(x: Any, xp: Any) -> Any:
     return -(x * _clamped_log(x, xp) + (1 - x) * _clamped_log(1 - x, xp))
 
 
-@register_op("BernoulliJSD", inputs=2, outputs=1, shape=_same_shape)
+@register_op("BernoulliJSD", inputs=2, outputs=1, shape=like_inputs(0))
 def bernoulli_jsd(ctx: OpContext) -> Outputs:
     """[p, q] -> Jensen-Shannon divergence of Bernoulli(p) and Bernoulli(q), elementwise."""
     xp = ctx.xp
@@ -475,7 +476,7 @@ def _pair_wise_loss_grad(g: GradientBuilder) -> None:
     g.add("PairWiseLossGradient", [g.I(0), g.I(1), g.GO(0), *extra], [g.GI(0)])
 
 
-@register_op("PairWiseLossGradient", inputs=(3, 4), outputs=1, shape=_same_shape)
+@register_op("PairWiseLossGradient", inputs=(3, 4), outputs=1, shape=like_inputs(0))
 def pair_wise_loss_gradient(ctx: OpContext) -> Outputs:
     """[X, label, dY(, lengths)] -> dX."""
     x = np.asarray(ctx.inputs[0])

@@ -8,6 +8,7 @@ matmul (see :mod:`dpgraph.ops._conv_util`).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -267,17 +268,24 @@ def _add_bias(y: Any, b: Any) -> Any:
     return y
 
 
+def _conv_shape_geometry(op: caffe2_pb2.OperatorDef, x: Shape, w: Shape
+                         ) -> tuple[OpContext, str, Shape, cu.Geometry]:
+    """(context, order, spatial input dims, geometry) for the shape function of a
+    convolution-like op with input shape ``x`` and filter shape ``w``."""
+    ctx = _ctx_for(op)
+    order = cu.check_order(ctx)
+    spatial = tuple(x[2:] if order == "NCHW" else x[1:-1])
+    kernel = tuple(w[2:] if order == "NCHW" else w[1:-1])
+    return ctx, order, spatial, cu.parse_geometry(ctx, spatial, kernel_shape=kernel)
+
+
 def _conv_shape(op: caffe2_pb2.OperatorDef, shapes: list[Shape | None],
                 types: list[int | None]) -> ShapeResult:
     x, w = shapes[0], shapes[1]
     if x is None or w is None:
         return [None]
-    ctx = _ctx_for(op)
-    order = cu.check_order(ctx)
-    spatial = x[2:] if order == "NCHW" else x[1:-1]
-    kernel = w[2:] if order == "NCHW" else w[1:-1]
-    geom = cu.parse_geometry(ctx, tuple(spatial), kernel_shape=tuple(kernel))
-    out = geom.out_shape(tuple(spatial))
+    _, order, spatial, geom = _conv_shape_geometry(op, x, w)
+    out = geom.out_shape(spatial)
     m = w[0]
     shape = (x[0], m, *out) if order == "NCHW" else (x[0], *out, m)
     return [(shape, _dtype(types))]
@@ -307,21 +315,28 @@ def conv(ctx: OpContext) -> Outputs:
     return (cu.channel_last(y.astype(xc.dtype, copy=False), order, ctx.xp),)
 
 
-@register_op("ConvGradient", inputs=3, outputs=(1, 3), shape=_same_as_inputs)
-def conv_gradient(ctx: OpContext) -> Outputs:
-    """[X, W, dY] -> [dW, db, dX] ([dW, dX] with no_bias=1; dX only when asked)."""
+def _conv_family_gradient(ctx: OpContext, setup: Callable[..., tuple[str, Any, Any, Any]],
+                          backward: Callable[..., tuple[Any, Any]]) -> Outputs:
+    """[X, W, dY] -> [dW, db, dX] for Conv and ConvTranspose, given their setup and backward
+    functions; db is left out with no_bias=1 and dX when the op does not ask for it."""
     x, w, dy = ctx.inputs
-    order, xc, wc, geom = _conv_setup(ctx, x, w)
+    order, xc, wc, geom = setup(ctx, x, w)
     no_bias = bool(ctx.int_arg("no_bias", 0))
     need_dx = ctx.num_outputs == (2 if no_bias else 3)
     dyc = _dense_channel_first(ctx, dy, order)
-    dw, dx = cu.conv_backward(ctx.xp, xc, wc, dyc, geom, need_dx)
+    dw, dx = backward(ctx.xp, xc, wc, dyc, geom, need_dx)
     outs: list[Any] = [cu.channel_last(dw, order, ctx.xp).astype(w.dtype, copy=False)]
     if not no_bias:
         outs.append(dyc.sum(axis=(0, *range(2, dyc.ndim))).astype(dy.dtype, copy=False))
     if need_dx:
         outs.append(cu.channel_last(dx, order, ctx.xp).astype(x.dtype, copy=False))
     return outs
+
+
+@register_op("ConvGradient", inputs=3, outputs=(1, 3), shape=_same_as_inputs)
+def conv_gradient(ctx: OpContext) -> Outputs:
+    """[X, W, dY] -> [dW, db, dX] ([dW, dX] with no_bias=1; dX only when asked)."""
+    return _conv_family_gradient(ctx, _conv_setup, cu.conv_backward)
 
 
 def _adj(ctx: OpContext, nd: int) -> tuple[int, ...]:
@@ -347,11 +362,7 @@ def _conv_transpose_shape(op: caffe2_pb2.OperatorDef, shapes: list[Shape | None]
     x, w = shapes[0], shapes[1]
     if x is None or w is None:
         return [None]
-    ctx = _ctx_for(op)
-    order = cu.check_order(ctx)
-    spatial = tuple(x[2:] if order == "NCHW" else x[1:-1])
-    kernel = tuple(w[2:] if order == "NCHW" else w[1:-1])
-    geom = cu.parse_geometry(ctx, spatial, kernel_shape=kernel)
+    ctx, order, spatial, geom = _conv_shape_geometry(op, x, w)
     out = tuple((s - 1) * st + e + a - h - t for s, st, e, a, h, t in zip(
         spatial, geom.stride, geom.extent, _adj(ctx, geom.nd), geom.pad_head, geom.pad_tail))
     m = (w[1] if order == "NCHW" else w[-1]) * geom.group
@@ -375,18 +386,7 @@ def conv_transpose(ctx: OpContext) -> Outputs:
 @register_op("ConvTransposeGradient", inputs=3, outputs=(1, 3), shape=_same_as_inputs)
 def conv_transpose_gradient(ctx: OpContext) -> Outputs:
     """[X, W, dY] -> [dW, db, dX] ([dW, dX] with no_bias=1)."""
-    x, w, dy = ctx.inputs
-    order, xc, wc, geom = _conv_transpose_setup(ctx, x, w)
-    no_bias = bool(ctx.int_arg("no_bias", 0))
-    need_dx = ctx.num_outputs == (2 if no_bias else 3)
-    dyc = _dense_channel_first(ctx, dy, order)
-    dw, dx = cu.conv_transpose_backward(ctx.xp, xc, wc, dyc, geom, need_dx)
-    outs: list[Any] = [cu.channel_last(dw, order, ctx.xp).astype(w.dtype, copy=False)]
-    if not no_bias:
-        outs.append(dyc.sum(axis=(0, *range(2, dyc.ndim))).astype(dy.dtype, copy=False))
-    if need_dx:
-        outs.append(cu.channel_last(dx, order, ctx.xp).astype(x.dtype, copy=False))
-    return outs
+    return _conv_family_gradient(ctx, _conv_transpose_setup, cu.conv_transpose_backward)
 
 
 def _conv_gradient_maker(grad_type: str) -> Any:

@@ -13,12 +13,9 @@ import numpy as np
 
 from dpgraph.ir.arguments import arguments_dict
 from dpgraph.ir.registry import register_gradient, register_op
+from dpgraph.ops._common import FLOAT, INT32, host, same_as_input
 from dpgraph.ops.context import OpContext, Outputs
 from dpgraph.ops.gradient_builder import GradientBuilder
-from dpgraph.ops.math import same_as_input
-from dpgraph.ops.optim import host
-
-FLOAT, INT32 = 1, 2  # caffe2 TensorProto data types
 
 
 # --- helpers ---------------------------------------------------------------------------------
@@ -172,9 +169,14 @@ def gather_padding(ctx: OpContext) -> Outputs:
 
 
 # --- PackSegments / UnpackSegments -----------------------------------------------------------
+def _presence_mask(lens: np.ndarray, width: int) -> np.ndarray:
+    """[N, width] bool: True at the first ``lens[i]`` positions of row i."""
+    return np.arange(width)[None, :] < lens[:, None]
+
+
 def _pack(lens: np.ndarray, data: np.ndarray, width: int, fill: float) -> tuple[np.ndarray,
                                                                                 np.ndarray]:
-    mask = np.arange(width)[None, :] < lens[:, None]
+    mask = _presence_mask(lens, width)
     out = np.full((lens.size, width, *data.shape[1:]), fill, dtype=data.dtype)
     out[mask] = data
     return out, mask
@@ -217,7 +219,7 @@ def unpack_segments(ctx: OpContext) -> Outputs:
         raise ctx.fail(f"packed data {data.shape} must be N × T × ... with N = {lens.size}")
     if lens.size and int(lens.max()) > data.shape[1]:
         raise ctx.fail(f"a length exceeds the packed width {data.shape[1]}")
-    return (data[np.arange(data.shape[1])[None, :] < lens[:, None]],)
+    return (data[_presence_mask(lens, data.shape[1])],)
 
 
 @register_gradient("UnpackSegments")
@@ -252,7 +254,7 @@ def unpack_rnn_sequence(ctx: OpContext) -> Outputs:
     if lens.size and int(lens.max()) > data.shape[0]:
         raise ctx.fail(f"a length exceeds the {data.shape[0]} time steps")
     batch_major = np.swapaxes(data, 0, 1)
-    return (batch_major[np.arange(data.shape[0])[None, :] < lens[:, None]],)
+    return (batch_major[_presence_mask(lens, data.shape[0])],)
 
 
 @register_gradient("UnpackRNNSequence")

@@ -16,15 +16,15 @@ import numpy as np
 from dpgraph.errors import ArgumentError, GradientError
 from dpgraph.ir.arguments import MakeArgument, arguments_dict
 from dpgraph.ir.registry import register_gradient, register_op
+from dpgraph.ops._common import host, same_as_input
 from dpgraph.ops.context import OpContext, Outputs
 from dpgraph.ops.fill import DataType
 from dpgraph.ops.gradient_builder import GradientBuilder
-from dpgraph.ops.math import reduce_to_shape, same_as_input
+from dpgraph.ops.math import reduce_to_shape
 
 
 def _host_ints(value: Any) -> list[int]:
-    host = value.get() if hasattr(value, "get") and not isinstance(value, np.ndarray) else value
-    return [int(v) for v in np.asarray(host).reshape(-1)]
+    return [int(v) for v in host(value).reshape(-1)]
 
 
 # --- Flatten, Reshape, ResizeLike --------------------------------------------------------

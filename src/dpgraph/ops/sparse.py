@@ -14,11 +14,10 @@ import numpy as np
 from dpgraph.ir.arguments import MakeArgument, arguments_dict
 from dpgraph.ir.blob import GradientSlice
 from dpgraph.ir.registry import register_gradient, register_op
+from dpgraph.ops._common import FLOAT, FLOAT16, host
+from dpgraph.ops._sparse_rows import check_indices, check_rows, writable
 from dpgraph.ops.context import OpContext, Outputs
 from dpgraph.ops.gradient_builder import GradientBuilder
-from dpgraph.ops.optim import check_indices, check_rows, host, writable
-
-FLOAT, INT32, INT64, FLOAT16 = 1, 2, 10, 12  # caffe2 TensorProto data types
 
 
 def _int_array(x: Any) -> Any:

@@ -10,12 +10,9 @@ import numpy as np
 
 from dpgraph.ir.arguments import arguments_dict
 from dpgraph.ir.registry import register_gradient, register_op
+from dpgraph.ops._common import BOOL, FLOAT, INT64, host, same_as_input
 from dpgraph.ops.context import OpContext, Outputs
 from dpgraph.ops.gradient_builder import GradientBuilder
-from dpgraph.ops.math import same_as_input
-from dpgraph.ops.optim import host
-
-FLOAT, BOOL, INT64 = 1, 5, 10  # caffe2 TensorProto data types
 
 
 # --- strings ---------------------------------------------------------------------------------
@@ -106,7 +103,7 @@ def top_k(ctx: OpContext) -> Outputs:
     values = np.take_along_axis(x, order, axis=axis)
     outs = [values, order.astype(np.int64)]
     if ctx.num_outputs == 3:  # positions in X.reshape(-1), in the order of values
-        coords = list(np.indices(order.shape))
+        coords: list[Any] = list(np.indices(order.shape))
         coords[axis] = order
         outs.append(np.ravel_multi_index(tuple(coords), x.shape).reshape(-1).astype(np.int64))
     return outs

@@ -18,16 +18,12 @@ import numpy as np
 from dpgraph.errors import ArgumentError, GradientError, OperatorError
 from dpgraph.ir.arguments import arguments_dict
 from dpgraph.ir.registry import register_gradient, register_op
+from dpgraph.ops._common import same_as_input, to_host
 from dpgraph.ops.context import OpContext, Outputs
 from dpgraph.ops.fill import DataType, no_gradient, numpy_dtype, parse_dtype
 from dpgraph.ops.gradient_builder import GradientBuilder
-from dpgraph.ops.math import same_as_input
 
 _LOG = logging.getLogger("dpgraph.ops.utility")
-
-
-def _host(value: Any) -> Any:
-    return value.get() if hasattr(value, "get") and not isinstance(value, np.ndarray) else value
 
 
 # --- identities --------------------------------------------------------------------------
@@ -62,7 +58,8 @@ def ensure_dense(ctx: OpContext) -> Outputs:
 
 def _pass_through(g: GradientBuilder) -> None:
     if g.go_is_sparse(0):
-        raise GradientError(f"{g.op.type}: the gradient of output {g.O(0)!r} must be dense.")
+        raise GradientError(f"{g.op.type}: the gradient of output {g.O(0)!r} must be dense; "
+                            "densify it with SparseToDense first.")
     g.set_input_grad(0, g.GO(0))
 
 
@@ -76,7 +73,7 @@ def nan_check(ctx: OpContext) -> Outputs:
     x = ctx.xp.asarray(ctx.inputs[0])
     if x.dtype.kind in "fc" and not bool(ctx.xp.all(ctx.xp.isfinite(x))):
         for name, value in zip(ctx.op.input, ctx.inputs):
-            _LOG.error("NanCheck: %s = %s", name, np.asarray(_host(value)))
+            _LOG.error("NanCheck: %s = %s", name, np.asarray(to_host(value)))
         raise OperatorError(ctx.describe(f"input {ctx.input_name(0)!r} contains NaN or inf"))
     return (_identity(ctx),)
 
@@ -117,7 +114,7 @@ def _cast_gradient(g: GradientBuilder) -> None:
 def print_op(ctx: OpContext) -> Outputs:
     """Log and print the input blob (``to_file`` is ignored)."""
     value = ctx.inputs[0]
-    host = _host(value)
+    host = to_host(value)
     shape = list(np.shape(host)) if isinstance(host, np.ndarray) else None
     text = f"{ctx.input_name(0)}" + (f" (shape {shape}): {host}" if shape is not None
                                      else f": {host!r}")
@@ -160,7 +157,7 @@ register_gradient("LengthsToRanges")(no_gradient)
 def lengths_tile(ctx: OpContext) -> Outputs:
     """Repeat row i of data lengths[i] times."""
     data = ctx.xp.asarray(ctx.inputs[0])
-    lengths = np.asarray(_host(ctx.inputs[1])).astype(np.int64).reshape(-1)
+    lengths = np.asarray(to_host(ctx.inputs[1])).astype(np.int64).reshape(-1)
     if data.ndim == 0 or lengths.size != data.shape[0]:
         raise ctx.fail(f"lengths {lengths.shape} must have one entry per row of data "
                        f"{data.shape}")
@@ -175,7 +172,7 @@ def _lengths_tile_gradient(g: GradientBuilder) -> None:
 @register_op("FindDuplicateElements", inputs=1, outputs=1)
 def find_duplicate_elements(ctx: OpContext) -> Outputs:
     """int64 indices of the elements equal to an earlier element."""
-    data = np.asarray(_host(ctx.inputs[0])).reshape(-1)
+    data = np.asarray(to_host(ctx.inputs[0])).reshape(-1)
     if data.size == 0:
         return (np.zeros(0, dtype=np.int64),)
     _, first = np.unique(data, return_index=True)
@@ -187,8 +184,8 @@ def find_duplicate_elements(ctx: OpContext) -> Outputs:
 @register_op("Find", inputs=2, outputs=1, shape=same_as_input(1))
 def find(ctx: OpContext) -> Outputs:
     """For each value of X, its position in ``idx`` (last match), else ``missing_value``."""
-    index = np.asarray(_host(ctx.inputs[0])).reshape(-1)
-    needles = np.asarray(_host(ctx.inputs[1]))
+    index = np.asarray(to_host(ctx.inputs[0])).reshape(-1)
+    needles = np.asarray(to_host(ctx.inputs[1]))
     missing = ctx.int_arg("missing_value", -1)
     result = np.full(needles.shape, missing, dtype=index.dtype)
     if index.size:
@@ -263,7 +260,7 @@ def _condition(ctx: OpContext) -> bool:
     value = ctx.workspace.get_blob_or_none(ctx.input_name(0)) if ctx.workspace else None
     if value is None:
         value = ctx.inputs[0]
-    host = np.asarray(_host(value))
+    host = np.asarray(to_host(value))
     if host.size != 1:
         raise ArgumentError(ctx.describe(
             f"condition blob {ctx.input_name(0)!r} must have one element, got shape "

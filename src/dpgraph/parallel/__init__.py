@@ -3,6 +3,7 @@ data-parallel one.  The Caffe2-named entry points live in :mod:`dpgraph.data_par
 """
 
 from dpgraph.collectives.rendezvous import Rendezvous
+from dpgraph.parallel import multihost as multihost  # registers the multi-host hooks
 from dpgraph.parallel.config import ParallelConfig, make_config
 from dpgraph.parallel.pipeline import parallelize
 from dpgraph.parallel.state import ParallelState

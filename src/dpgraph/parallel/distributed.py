@@ -1,9 +1,11 @@
 """Seam for multi-host data parallelism (``rendezvous`` with ``num_shards > 1``).
 
 Cross-host all-reduce, parameter sync, computed-param broadcast and the barrier net are
-provided by the collectives layer through :func:`register_distributed_hooks`.  Single-host
-``Parallelize`` never calls into here; with ``num_shards > 1`` and no hooks registered it
-raises :class:`~dpgraph.errors.NotSupportedError` before touching the model.
+provided through :func:`register_distributed_hooks`; :mod:`dpgraph.parallel.multihost`
+registers dpgraph's own (Caffe2's collective ops) whenever :mod:`dpgraph.parallel` is
+imported.  Single-host ``Parallelize`` never calls into here; with ``num_shards > 1`` and no
+hooks registered it raises :class:`~dpgraph.errors.NotSupportedError` before touching the
+model.
 """
 
 from __future__ import annotations

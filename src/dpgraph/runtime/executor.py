@@ -149,30 +149,41 @@ class DagExecutor:
     def _run_chain(self, state: _RunState, index: int | None, pool: _WorkerPool) -> None:
         """Run ``index``, then keep running one newly ready child in this thread."""
         while index is not None:
-            failed = bool(state.errors)  # after a failure, queued ops are skipped
-            if not failed:
-                try:
-                    self.ops[index].run(state.blobs, state.placement)
-                except BaseException as error:  # noqa: BLE001 - re-raised in the caller
-                    failed = True
-                    with state.lock:
-                        state.errors.append((index, error))
-            following = None
+            failed = self._run_op(state, index)
             with state.lock:
                 state.in_flight -= 1
-                if not failed and not state.errors:
-                    pending = state.pending
-                    for child in self.children[index]:
-                        pending[child] -= 1
-                        if pending[child] == 0:
-                            state.in_flight += 1
-                            if following is None:
-                                following = child
-                            else:
-                                pool.tasks.put((self._run_chain, state, child, pool))
+                following = (None if failed or state.errors
+                             else self._release_children(state, index, pool))
                 if state.in_flight == 0:
                     state.done.set()
             index = following
+
+    def _run_op(self, state: _RunState, index: int) -> bool:
+        """Run op ``index``; True when it failed or was skipped because an op already failed
+        (the first errors are kept for the caller)."""
+        if state.errors:  # after a failure, queued ops are skipped
+            return True
+        try:
+            self.ops[index].run(state.blobs, state.placement)
+        except BaseException as error:  # noqa: BLE001 - re-raised in the caller
+            with state.lock:
+                state.errors.append((index, error))
+            return True
+        return False
+
+    def _release_children(self, state: _RunState, index: int, pool: _WorkerPool) -> int | None:
+        """Count op ``index`` as done for its children (the caller holds the lock): queue
+        every child that became ready but one, which is returned for this thread to run."""
+        following = None
+        for child in self.children[index]:
+            state.pending[child] -= 1
+            if state.pending[child] == 0:
+                state.in_flight += 1
+                if following is None:
+                    following = child
+                else:
+                    pool.tasks.put((self._run_chain, state, child, pool))
+        return following
 
     def close(self) -> None:
         if self._pool is not None:

@@ -245,7 +245,9 @@ def _lookup_schema(op: caffe2_pb2.OperatorDef, index: int, net_name: str) -> OpS
         raise OperatorDefError(f"{problem} ({where}: inputs {list(op.input)}, outputs "
                                f"{list(op.output)}).")
     if schema.kernel is None:
-        raise OperatorDefError(f"Operator {op.type} ({where}) has no kernel in dpgraph.")
+        raise OperatorDefError(f"Operator {op.type} ({where}) has no kernel in dpgraph; "
+                               "register one with dpgraph.ir.registry.register_op, or remove "
+                               "the op from the net.")
     return schema
 
 

@@ -41,7 +41,8 @@ def numpy_to_data_type(dtype: Any) -> int:
     if dtype.kind in "OSU":
         return DT.STRING
     if dtype not in _TO_PROTO:
-        raise ProtoError(f"numpy dtype {dtype} has no Caffe2 TensorProto data type.")
+        raise ProtoError(f"numpy dtype {dtype} has no Caffe2 TensorProto data type; convert "
+                         "the array to a supported dtype (e.g. float32, int64) first.")
     return _TO_PROTO[dtype][0]
 
 
@@ -75,7 +76,8 @@ def numpy_to_tensor_proto(array: Any, name: str | None = None) -> caffe2_pb2.Ten
         return proto
     data_type, field = _TO_PROTO.get(array.dtype, (None, ""))
     if data_type is None:
-        raise ProtoError(f"Cannot serialise an array of dtype {array.dtype} to a TensorProto.")
+        raise ProtoError(f"Cannot serialise an array of dtype {array.dtype} to a TensorProto; "
+                         "convert it to a supported dtype (e.g. float32, int64) first.")
     proto.data_type = data_type
     flat = array.reshape(-1)
     if data_type == DT.FLOAT16:
@@ -122,7 +124,8 @@ def serialize_blob(name: str, value: Any) -> bytes:
         proto.type = "std::string"
         proto.content = _as_bytes(value)
     elif value is None:
-        raise ProtoError(f"Blob {name!r} is empty and cannot be serialised.")
+        raise ProtoError(f"Blob {name!r} is empty and cannot be serialised; feed it a value "
+                         "(or run the net that produces it) first.")
     else:
         proto.type = "Tensor"
         proto.tensor.CopyFrom(numpy_to_tensor_proto(to_host(value)))

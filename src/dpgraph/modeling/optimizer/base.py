@@ -175,7 +175,8 @@ class Optimizer:
     def dedup(net: Any, sparse_dedup_aggregator: str | None, grad: Any) -> Any:
         """Merge repeated indices of a GradientSlice when an aggregator is given."""
         if not isinstance(grad, GradientSlice):
-            raise ModelError("dedup needs a GradientSlice gradient.")
+            raise ModelError(f"dedup needs a GradientSlice gradient, got {type(grad).__name__}; "
+                             "call it only for sparse gradients.")
         if sparse_dedup_aggregator:
             return net.DeduplicateGradientSlices(grad, aggregator=sparse_dedup_aggregator)
         return grad

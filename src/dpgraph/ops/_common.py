@@ -1,0 +1,72 @@
+"""Helpers shared by the op family modules: TensorProto type codes, host copies of device
+arrays, and the ``shape=`` functions many families use.
+
+Family modules import from here (never from each other) for these, so each helper has one
+definition.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from dpgraph.proto import caffe2_pb2
+
+ShapeResult = list[Any]
+
+_TensorProto = caffe2_pb2.TensorProto
+#: Caffe2 ``TensorProto.DataType`` codes the kernels' shape functions report.
+FLOAT: int = _TensorProto.FLOAT
+INT32: int = _TensorProto.INT32
+BOOL: int = _TensorProto.BOOL
+INT64: int = _TensorProto.INT64
+FLOAT16: int = _TensorProto.FLOAT16
+
+
+# --- host copies -------------------------------------------------------------------------
+def to_host(value: Any) -> Any:
+    """``value`` copied off the GPU when it is a CuPy array; any other value unchanged."""
+    return value.get() if hasattr(value, "get") and not isinstance(value, np.ndarray) else value
+
+
+def host(value: Any) -> Any:
+    """``value`` as a numpy array (copied off the GPU for CuPy arrays)."""
+    return np.asarray(to_host(value))
+
+
+def scalar_value(value: Any) -> float:
+    """The single value of a 1-element blob (lr, weights); works for numpy and CuPy."""
+    return float(value.reshape(-1)[0]) if hasattr(value, "reshape") else float(value)
+
+
+def as_dtype(xp: Any, value: Any, dtype: Any) -> Any:
+    """``value`` as an array of ``dtype`` (0-d results stay arrays)."""
+    out = xp.asarray(value)
+    return out if out.dtype == dtype else out.astype(dtype)
+
+
+# --- shape functions ---------------------------------------------------------------------
+def same_as_input(index: int = 0, dtype: int | None = None) -> Callable[..., ShapeResult]:
+    """``shape=`` function: every output has input ``index``'s shape (and type)."""
+
+    def infer(op: caffe2_pb2.OperatorDef, in_shapes: Sequence[Any],
+              in_types: Sequence[Any]) -> ShapeResult:
+        if index >= len(in_shapes) or in_shapes[index] is None:
+            return [None] * len(op.output)
+        kind = in_types[index] if dtype is None else dtype
+        return [(tuple(in_shapes[index]), kind)] * len(op.output)
+
+    return infer
+
+
+def like_inputs(*pairs: int) -> Callable[..., ShapeResult]:
+    """``shape=`` function: output k has the shape and type (float if unknown) of input
+    ``pairs[k]``."""
+
+    def infer(op: Any, shapes: Sequence[Any], types: Sequence[Any]) -> ShapeResult:
+        return [None if shapes[i] is None else (tuple(shapes[i]), types[i] or FLOAT)
+                for i in pairs]
+
+    return infer
