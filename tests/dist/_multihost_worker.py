@@ -180,13 +180,6 @@ def train(cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 def scenario_train(cfg: dict[str, Any]) -> dict[str, Any]:
-    if cfg.get("engine_alias"):
-        # Virtual GPUs hold numpy arrays, which NCCL cannot carry across processes: this
-        # test serves the non-GLOO engine's cross-host collectives with Gloo.
-        from dpgraph.collectives import register_backend
-
-        register_backend("gloo_alias", "dpgraph.collectives.gloo",
-                         engines=(cfg["engine"],))
     return train(cfg)
 
 

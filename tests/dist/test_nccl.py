@@ -10,7 +10,6 @@ import pytest
 
 from dpgraph.collectives import create_backend
 from dpgraph.collectives.nccl import NcclBackend
-from dpgraph.errors import CollectiveError
 
 
 def _gpu_count() -> int:
@@ -38,11 +37,33 @@ def test_host_buffers_reduce_on_the_host() -> None:
     world.barrier()
 
 
-def test_host_buffers_cannot_cross_processes() -> None:
+class _RecordingHostWorld:
+    """Stands in for the Gloo world that carries host buffers across processes."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def _allreduce_host(self, buffer: np.ndarray, timeout: float) -> None:
+        self.calls.append("allreduce")
+        buffer *= 2  # as if a second rank held the same values
+
+    def _broadcast_host(self, buffer: np.ndarray, root: int, timeout: float) -> None:
+        self.calls.append(f"broadcast from {root}")
+
+    def _barrier(self, timeout: float) -> None:
+        self.calls.append("barrier")
+
+
+def test_host_buffers_cross_processes_through_the_gloo_host_world() -> None:
     world = NcclBackend(None, 0, 1, "w")
-    world.size = 2  # as if several processes: host buffers must go through GLOO
-    with pytest.raises(CollectiveError, match="GLOO"):
-        world.allreduce([np.ones(2, np.float32)])
+    world.size = 2  # as if several processes
+    host = world._host = _RecordingHostWorld()  # type: ignore[assignment]
+    copies = [np.ones(2, np.float32), np.ones(2, np.float32)]
+    world.allreduce(copies)
+    world.broadcast(copies, root=1)
+    world.barrier()
+    assert host.calls == ["allreduce", "broadcast from 1", "barrier"]
+    np.testing.assert_array_equal(copies[1], [4.0, 4.0])  # local sum 2, then x2 across ranks
 
 
 def _device_copies(cupy: Any, count: int) -> list[Any]:

@@ -60,10 +60,11 @@ def test_three_hosts_of_one_device_over_tcp(tcp_store: dict[str, Any],
 
 def test_other_engine_on_virtual_gpus(file_store: dict[str, Any],
                                       ref_4_devices: dict[str, np.ndarray]) -> None:
-    """engine != GLOO: NCCLAllreduce across the local virtual GPUs, the staged ``_red``
-    all-reduce across hosts (served by Gloo), then local broadcasts."""
+    """engine NCCL: NCCLAllreduce across the local virtual GPUs, the staged ``_red``
+    all-reduce across hosts (host buffers: the nccl backend's Gloo world), then local
+    broadcasts."""
     results = mh.launch("mh_train", 2, file_store, devices=[0, 1], iters=10, gpu=True,
-                        use_nccl=True, engine="NCCL", engine_alias=True)
+                        use_nccl=True, engine="NCCL")
     check_ranks(results, ref_4_devices)
 
 

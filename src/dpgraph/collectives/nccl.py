@@ -8,7 +8,11 @@
 Both are imported lazily; without them, :class:`~dpgraph.errors.MissingDependencyError` says
 what to install.  NCCL has no timeouts of its own, so each collective runs in a worker thread
 that is given ``timeout`` seconds before :class:`~dpgraph.errors.CollectiveTimeoutError`.
-Host (numpy) buffers, as on virtual GPUs, are reduced on the host when the world has one rank.
+
+NCCL only moves GPU memory.  Host (numpy) buffers, such as the CPU staging copies of the
+other-engine parameter sync and every blob on virtual GPUs, are summed on the host and cross
+processes through a Gloo world on the same store (``<world>/host``), so NCCL-engine graphs
+also run, unchanged, on machines without GPUs.
 """
 
 from __future__ import annotations
@@ -83,6 +87,7 @@ class NcclBackend(BaseBackend):
         self.members: dict[int, Any] = {}
         self._comms: dict[tuple[int, ...], list[Any]] = {}
         self._group: Any = None
+        self._host: BaseBackend | None = None
         self._prefix = ""
         if size > 1:
             if store is None:
@@ -172,13 +177,19 @@ class NcclBackend(BaseBackend):
         torch.cuda.synchronize(int(buffer.device.id))
 
     # --- collectives -------------------------------------------------------------------
-    def _on_host(self, buffers: Sequence[Any]) -> bool:
-        if all(isinstance(b, np.ndarray) for b in buffers):
-            if self.size > 1:
-                raise CollectiveError(f"{self._what('nccl')}: host (numpy) buffers cannot go "
-                                      "through NCCL across processes; use engine 'GLOO'.")
-            return True
-        return False
+    @staticmethod
+    def _on_host(buffers: Sequence[Any]) -> bool:
+        return all(isinstance(b, np.ndarray) for b in buffers)
+
+    def _host_world(self) -> BaseBackend:
+        """The Gloo world that carries host buffers across processes (made on first use;
+        every rank runs the same collectives, so every rank makes it at the same point)."""
+        if self._host is None:
+            from dpgraph.collectives import gloo
+
+            self._host = gloo.create(store=self.store, rank=self.rank, size=self.size,
+                                     name=f"{self.name}/host", timeout=self.timeout)
+        return self._host
 
     def allreduce(self, buffers: Sequence[Any], timeout: float | None = None) -> list[Any]:
         buffers = list(buffers)
@@ -215,37 +226,21 @@ class NcclBackend(BaseBackend):
         self._run("broadcast", timeout, lambda t: _run_bounded(step, t))
         return buffers
 
-    def barrier(self, timeout: float | None = None) -> None:
-        if self.size == 1:
-            return
-        cupy, _ = _cupy()
-        token = cupy.zeros(1, dtype=cupy.float32)
-        self._run("barrier", timeout,
-                  lambda t: _run_bounded(lambda: self._remote("allreduce", token), t))
-
-    # Reduce, allgather and reduce-scatter across processes stage through one GPU buffer.
-    def _via_device(self, buffer: np.ndarray, kind: str, root: int = 0) -> None:
-        cupy, _ = _cupy()
-        staged = cupy.asarray(buffer)
-        self._remote(kind, staged, root)
-        np.copyto(buffer, cupy.asnumpy(staged))
-
+    # Cross-process steps on one contiguous host buffer (see the module docstring).
     def _allreduce_host(self, buffer: np.ndarray, timeout: float) -> None:
-        _run_bounded(lambda: self._via_device(buffer, "allreduce"), timeout)
+        self._host_world()._allreduce_host(buffer, timeout)
 
     def _broadcast_host(self, buffer: np.ndarray, root: int, timeout: float) -> None:
-        _run_bounded(lambda: self._via_device(buffer, "broadcast", root), timeout)
+        self._host_world()._broadcast_host(buffer, root, timeout)
 
     def _reduce_host(self, buffer: np.ndarray, root: int, timeout: float) -> None:
-        self._allreduce_host(buffer, timeout)  # a sum everywhere is a valid reduce
+        self._host_world()._reduce_host(buffer, root, timeout)
 
     def _allgather_host(self, local: np.ndarray, out: np.ndarray, timeout: float) -> None:
-        out[...] = 0
-        out[self.rank] = local
-        self._allreduce_host(out, timeout)
+        self._host_world()._allgather_host(local, out, timeout)
 
     def _barrier(self, timeout: float) -> None:
-        raise AssertionError("unreachable: barrier is overridden")
+        self._host_world()._barrier(timeout)
 
 
 def create(store: Any = None, rank: int = 0, size: int = 1, name: str = "nccl",
