@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from dpgraph.errors import CheckpointError, ProtoError
+from dpgraph.errors import CheckpointError, CheckpointWriteError, ProtoError
 from dpgraph.ir.proto_io import parse_proto, write_proto
 from dpgraph.proto import caffe2_pb2
 from dpgraph.runtime import devices
@@ -110,7 +110,12 @@ def save_checkpoint(path: str | os.PathLike[str], blob_names: Iterable[Any],
     manifest = message.protos.add(name=MANIFEST_NAME, data_type=DT.INT64)
     manifest.dims.append(3)
     manifest.int64_data.extend([FORMAT_VERSION, len(names), _crc(message.protos[:-1])])
-    write_proto(message, path)
+    try:
+        write_proto(message, path)
+    except OSError as error:
+        raise CheckpointWriteError(
+            f"Cannot write checkpoint {os.fspath(path)!r}: {error.strerror or error}; give a "
+            f"file path in a writable directory.") from error
 
 
 def read_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:

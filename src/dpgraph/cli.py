@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
 
@@ -85,7 +86,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if command is None:
         parser.print_help()
         return 2
-    return command(args)
+    try:
+        code = command(args)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader went away (``dpgraph inspect net.pb | head``): stop quietly, and send
+        # what Python would flush at exit to /dev/null instead of printing a traceback.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    return code
 
 
 if __name__ == "__main__":

@@ -1,5 +1,7 @@
 """Caffe2's ``core`` module: nets, blobs, operators, scopes and gradients."""
 
+from typing import Any
+
 from dpgraph.ir.analysis import (
     InferBlobDevices,
     get_op_ids_in_path,
@@ -54,6 +56,16 @@ def RefreshRegisteredOperators() -> None:
     """Nothing to refresh: dpgraph's registry is always current."""
 
 
+def CreatePythonOperator(f: Any, inputs: Any, outputs: Any, grad_f: Any = None,
+                         pass_workspace: bool = False, python_func_type: Any = None,
+                         *args: Any, **kwargs: Any) -> caffe2_pb2.OperatorDef:
+    """A ``Python`` OperatorDef running ``f(inputs, outputs)`` (not added to any net)."""
+    from dpgraph.ops.python_op import register_python_impl
+
+    kwargs["token"] = register_python_impl(f, grad_f, python_func_type, pass_workspace)
+    return CreateOperator("Python", inputs, outputs, *args, **kwargs)
+
+
 def GlobalInit(args: list[str]) -> bool:
     from dpgraph.workspace import GlobalInit as _global_init
 
@@ -62,7 +74,8 @@ def GlobalInit(args: list[str]) -> bool:
 
 __all__ = [
     "ExecutionStep", "Plan", "execution_step", "scoped_execution_step",
-    "BlobReference", "CreateOperator", "DataType", "DeviceOption", "DeviceScope",
+    "BlobReference", "CreateOperator", "CreatePythonOperator", "DataType", "DeviceOption",
+    "DeviceScope",
     "EmptyDeviceScope", "EmptyNameScope", "GlobalInit", "GradientSlice", "InferBlobDevices",
     "InjectCrossDeviceCopies", "IsGPUDeviceType", "IsOperator", "IsOperatorWithEngine",
     "NameScope", "Net",

@@ -74,6 +74,11 @@ class UnboundBlobError(DpgraphError, AttributeError, RuntimeError):
     RuntimeError in 2018 and AttributeError later; this is both)."""
 
 
+class DeviceOptionTypeError(DeviceOptionError, TypeError):
+    """A DeviceOption field got a value of the wrong type, e.g. ``DeviceOption("cuda", 0)``
+    (a TypeError, as protobuf's field assignment raised in Caffe2)."""
+
+
 # --- autodiff ------------------------------------------------------------------------------
 class GradientError(DpgraphError, RuntimeError):
     """Gradient generation failed (SSA version mismatch, mixed dense/sparse, devices)."""
@@ -158,6 +163,17 @@ class ModelConfigError(ModelError, ValueError):
 
 class ModelStateError(ModelError, RuntimeError):
     """A model method was called at the wrong time (gradients added twice, no model)."""
+
+
+class NotParallelizedError(ParallelizeError, AttributeError):
+    """A data_parallel_model helper (RunNet, RunInitNet, GetCheckpointParams, ...) got a
+    model that Parallelize never built (Caffe2 failed with AttributeError on the missing
+    ``model._data_parallel_model_nets`` or ``_device_grouped_blobs``)."""
+
+
+class CheckpointWriteError(CheckpointError, OSError):
+    """A checkpoint could not be written (the path is a directory, not writable, ...); an
+    OSError like the underlying failure, and nothing is left at the target path."""
 
 
 # --- collectives ---------------------------------------------------------------------------

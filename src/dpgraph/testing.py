@@ -9,6 +9,11 @@ text snapshot file that is rewritten on request (``DPGRAPH_UPDATE_SNAPSHOTS=1``)
         model = build_and_parallelize()
         assert count_ops(model.net, type="Sum") == 4
         assert_matches_snapshot(model.net, "snapshots/mlp_4dev.txt")
+
+As in Caffe2, net names are unique per process (a second ``ModelHelper(name="mlp")`` gets net
+``mlp_1``) and optimizers number their blobs (``SgdOptimizer_3_lr_cpu0``): compare with
+``ignore_names=True`` and call ``optimizer.reset_optimizer_instance_count()`` before building
+a model whose snapshot must not depend on what ran earlier in the process.
 """
 
 from __future__ import annotations
@@ -27,7 +32,8 @@ from dpgraph.ir.text import format_net, format_op
 from dpgraph.proto import caffe2_pb2
 
 UPDATE_ENV = "DPGRAPH_UPDATE_SNAPSHOTS"
-_DEVICE_ID = re.compile(r"\b(gpu|cpu|ideep|hip)([_:])(\d+)\b")
+# ``gpu_3/`` scopes, ``gpu:3`` and Caffe2's per-device names such as ``SgdOptimizer_0_lr_gpu3``.
+_DEVICE_ID = re.compile(r"(?<![A-Za-z0-9])(gpu|cpu|ideep|hip)([_:]?)(\d+)(?![0-9])")
 _COLLECTIVE_TYPES = frozenset({
     "Allreduce", "Broadcast", "Reduce", "Allgather", "ReduceScatter", "Barrier",
     "NCCLAllreduce", "NCCLBroadcast", "NCCLReduce", "NCCLAllGather", "NCCLReduceScatter",
@@ -107,7 +113,8 @@ def assert_nets_equal(a: Any, b: Any, ignore_names: bool = False,
 
     Args:
         ignore_names: ignore the net's and ops' ``name`` fields.
-        ignore_device_ids: ignore device ids (in device options and in ``gpu_3/`` scopes).
+        ignore_device_ids: ignore device ids (in device options, in ``gpu_3/`` scopes and in
+            per-device blob names such as the optimizer's ``..._lr_gpu3``).
         ignore_arg_order: compare op arguments as sets rather than sequences.
     """
     left = _text(_normalised(a, ignore_names, ignore_device_ids, ignore_arg_order),

@@ -142,7 +142,14 @@ def local_allreduce_chunked(buffers: Sequence[Any]) -> bool:
 
 
 def check_buffers(buffers: Sequence[Any], what: str | Callable[[], str]) -> None:
-    """Every local copy must exist and agree in shape and dtype (``what`` names the op)."""
+    """Every local copy must exist, be an array and agree in shape and dtype (``what``
+    names the op)."""
+    for index, buffer in enumerate(buffers):
+        if not (hasattr(buffer, "shape") and hasattr(buffer, "dtype")):
+            label = what if isinstance(what, str) else what()
+            raise CollectiveError(
+                f"{label}: local copy {index} is a {type(buffer).__name__}, not an array; "
+                "pass numpy (or CuPy) arrays, one per local device, updated in place.")
     if len(buffers) == 1:
         return
     if not isinstance(what, str):

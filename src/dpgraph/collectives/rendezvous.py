@@ -114,14 +114,21 @@ class Rendezvous:
         extra = sorted(set(legacy) - set(_LEGACY_KEYS) - {"timeout", "local_rank"})
         if extra:
             logger.debug("Rendezvous dict: ignoring keys %s", extra)
+        try:
+            shard_id, num_shards = int(legacy["shard_id"]), int(legacy["num_shards"])
+            timeout = float(legacy.get("timeout") or DEFAULT_TIMEOUT_SEC)
+        except (TypeError, ValueError):
+            raise RendezvousError(
+                f"Rendezvous dict: shard_id and num_shards must be ints and timeout a number, "
+                f"got shard_id={legacy['shard_id']!r}, num_shards={legacy['num_shards']!r}, "
+                f"timeout={legacy.get('timeout')!r}.") from None
         return cls(
-            store=legacy["kv_handler"], shard_id=int(legacy["shard_id"]),
-            num_shards=int(legacy["num_shards"]), engine=str(legacy.get("engine") or "GLOO"),
+            store=legacy["kv_handler"], engine=str(legacy.get("engine") or "GLOO"),
             transport=str(legacy.get("transport") or "tcp"),
             interface=str(legacy.get("interface") or ""),
-            timeout=float(legacy.get("timeout") or DEFAULT_TIMEOUT_SEC),
             mpi_rendezvous=bool(legacy.get("mpi_rendezvous", False)),
-            local_rank=legacy.get("local_rank"))
+            local_rank=legacy.get("local_rank"), shard_id=shard_id, num_shards=num_shards,
+            timeout=timeout)
 
     def to_legacy(self) -> dict[str, Any]:
         """Caffe2's dict form (the keys ``data_parallel_model`` reads)."""

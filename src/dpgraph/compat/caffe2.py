@@ -18,6 +18,7 @@ import importlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
+import os
 import runpy
 import sys
 import types
@@ -138,7 +139,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         runpy.run_module(args[1], run_name="__main__", alter_sys=True)
     else:
         sys.argv = list(args)
-        runpy.run_path(args[0], run_name="__main__")
+        saved_path = list(sys.path)
+        # like ``python SCRIPT``: the script's folder (not the current one) is sys.path[0],
+        # so the script's sibling modules import
+        script_dir = os.path.dirname(os.path.abspath(args[0]))
+        if sys.path and sys.path[0] in ("", os.getcwd()):
+            sys.path[0] = script_dir
+        else:
+            sys.path.insert(0, script_dir)
+        try:
+            runpy.run_path(args[0], run_name="__main__")
+        finally:
+            sys.path[:] = saved_path
     return 0
 
 

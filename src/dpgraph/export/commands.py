@@ -123,11 +123,13 @@ _ITEM_BYTES = {"float32": 4, "float64": 8, "int32": 4, "int64": 8, "bool": 1, "u
 
 
 def _fill_params(proto: caffe2_pb2.NetDef) -> list[tuple[str, str, list[int]]]:
-    """(name, dtype, shape) of every fill op with a ``shape`` argument."""
+    """(name, dtype, shape) of every blob a fill op with a ``shape`` argument writes, once
+    each (in first-fill order, with the last fill's dtype and shape: Caffe2's optimizers
+    fill their shared ``ONE_<type>_<id>`` blob once per parameter)."""
     from dpgraph.ir.arguments import arguments_dict
     from dpgraph.ops.fill import numpy_dtype, parse_dtype
 
-    found = []
+    found: dict[str, tuple[str, list[int]]] = {}
     for op in proto.op:
         if not op.type.endswith("Fill") or len(op.output) != 1:
             continue
@@ -142,8 +144,8 @@ def _fill_params(proto: caffe2_pb2.NetDef) -> list[tuple[str, str, list[int]]]:
                 dtype = str(numpy_dtype(parse_dtype(args.get("dtype", 1))).__name__)
             except DpgraphError:
                 dtype = "?"
-        found.append((op.output[0], dtype, shape))
-    return found
+        found[op.output[0]] = (dtype, shape)
+    return [(name, dtype, shape) for name, (dtype, shape) in found.items()]
 
 
 def _table(rows: Iterable[tuple[Any, ...]], indent: str = "  ") -> list[str]:
@@ -309,11 +311,12 @@ def _write_atomic(data: bytes, path: str) -> None:
 
 
 def run_export_onnx(args: argparse.Namespace) -> int:
-    from dpgraph.export.onnx import to_onnx
+    from dpgraph.export.onnx import check_supported, to_onnx
 
     inputs = dict(parse_input_spec(spec) for spec in args.input or [])
     predict = read_net(args.predict)
     init = read_net(args.init)
+    check_supported(predict)    # a net that cannot be exported fails before asking for shapes
     params = {b for op in init.op for b in op.output}
     missing = [b for b in predict.external_input if b not in params and b not in inputs]
     if missing:

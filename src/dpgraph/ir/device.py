@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from dpgraph.errors import DeviceOptionError
+from dpgraph.errors import DeviceOptionError, DeviceOptionTypeError
 from dpgraph.proto import caffe2_pb2
 
 CPU = caffe2_pb2.PROTO_CPU
@@ -24,8 +24,15 @@ def DeviceOption(
 ) -> caffe2_pb2.DeviceOption:
     """Build a DeviceOption; type and id are always set explicitly, as in Caffe2."""
     option = caffe2_pb2.DeviceOption()
-    option.device_type = device_type
-    option.device_id = device_id
+    try:
+        option.device_type = device_type
+        option.device_id = device_id
+    except (TypeError, ValueError) as error:
+        raise DeviceOptionTypeError(
+            f"DeviceOption(device_type={device_type!r}, device_id={device_id!r}): both must "
+            f"be int32 values, e.g. DeviceOption(caffe2_pb2.CUDA, 0) or "
+            f"DeviceOption(workspace.GpuDeviceType, 0) ({error})."
+        ) from None
     if node_name is not None:
         option.node_name = node_name
     if random_seed is not None:

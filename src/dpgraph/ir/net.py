@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from dpgraph.errors import BlobNotFoundError, NetError
+from dpgraph.errors import BlobNotFoundError, GradientError, NetError
 from dpgraph.ir import scope
 from dpgraph.ir.arguments import MakeArgument
 from dpgraph.ir.blob import BlobReference, ScopedBlobReference, ScopedName, blob_name
@@ -396,7 +396,16 @@ class Net:
     def AddGradientOperators(self, ys: Any, skip: int = 0) -> dict[BlobReference, Any]:
         """Append the backward pass for ``ys``; return ``{blob: gradient}``."""
         from dpgraph.autodiff import GetBackwardPass
+        from dpgraph.autodiff.backward import normalize_ys
 
+        ys = normalize_ys(ys)
+        known = set(self._net.external_input).union(*(op.output for op in self._net.op))
+        unknown = [blob_name(y) for y in ys if blob_name(y) not in known]
+        if unknown:
+            raise GradientError(
+                f"AddGradientOperators on net {self._net.name!r}: {unknown} is neither the "
+                f"output of an op of this net nor an external input; pass the loss blob(s) "
+                f"the forward pass returns (e.g. the output of AveragedLoss).")
         grad_ops, input_to_grad = GetBackwardPass(self._net.op[skip:], ys)
         self._ExtendOps(grad_ops)
         return input_to_grad
@@ -421,6 +430,22 @@ class Net:
                 blob = self.GivenTensorStringFill(
                     [], self.NextName("log"), shape=[], values=[msg_or_blob])
             self.Print(blob, [])
+
+    def Python(self, f: Any, grad_f: Any = None, python_func_type: Any = None,
+               pass_workspace: bool = False, grad_output_indices: Sequence[int] | None = None,
+               grad_input_indices: Sequence[int] | None = None) -> Callable[..., Any]:
+        """A builder for a ``Python`` op running ``f(inputs, outputs)`` (see ops.python_op):
+        ``net.Python(f, grad_f)(inputs, outputs, **kwargs)``."""
+        from dpgraph.ops.python_op import python_op_arguments
+
+        core_kwargs = python_op_arguments(f, grad_f, python_func_type, pass_workspace)
+
+        def build(inputs: Any, outputs: Any = None, **kwargs: Any) -> Any:
+            kwargs.update(grad_output_indices=list(grad_output_indices or []),
+                          grad_input_indices=list(grad_input_indices or []), **core_kwargs)
+            return self._CreateAndAddToSelf("Python", inputs, outputs, **kwargs)
+
+        return build
 
     def input_record(self) -> Any:
         """The input schema record (dpgraph keeps whatever was set; usually None)."""

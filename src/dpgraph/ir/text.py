@@ -167,13 +167,23 @@ def _tokens(line: str) -> Iterator[Any]:
                 value, position = decoder.raw_decode(line, position)
             except json.JSONDecodeError as error:
                 raise TextFormatError(f"bad JSON in {line!r}: {error}") from error
-            yield value
+            yield _Quoted(value) if isinstance(value, str) else value
         else:
             end = position
             while end < len(line) and not line[end].isspace():
                 end += 1
             yield line[position:end]
             position = end
+
+
+class _Quoted(str):
+    """A blob name that was written as a JSON string (so ``"->"`` is a name, not the arrow)."""
+
+
+def _arrow_index(tokens: list[Any]) -> int:
+    """Index of the unquoted ``->`` token, or -1."""
+    return next((i for i, token in enumerate(tokens)
+                 if token == "->" and not isinstance(token, _Quoted)), -1)
 
 
 class _Pairs(list):  # type: ignore[type-arg]
@@ -227,10 +237,10 @@ def format_op(op: caffe2_pb2.OperatorDef) -> str:
 def parse_op(line: str) -> caffe2_pb2.OperatorDef:
     """Parse one ``op`` line."""
     tokens = list(_tokens(line))
-    if len(tokens) < 3 or tokens[0] != "op" or "->" not in tokens:
+    arrow = _arrow_index(tokens)
+    if len(tokens) < 3 or tokens[0] != "op" or arrow < 0:
         raise TextFormatError(f"not an op line: {line!r}")
     options = tokens.pop() if isinstance(tokens[-1], _Pairs) else _Pairs()
-    arrow = tokens.index("->")
     op = caffe2_pb2.OperatorDef(type=tokens[1])
     op.input.extend(tokens[2:arrow])
     op.output.extend(tokens[arrow + 1:])

@@ -9,6 +9,9 @@ Checks, reporting every problem at once (op index, type and blob in each message
   on ``gpu_0``), except for ops allowed to cross devices (copies, collectives, Concat, and
   Parallelize's ``dpm`` Sum).  CPU ops are not checked: every CPU device option shares host
   memory, and Parallelize's CPU all-reduce sums ``cpu_<k>/`` blobs on the first device.
+  Name scopes are taken as placements only for a GPU whose own scope the net uses: a
+  predictor extracted for ``gpu:1`` keeps its ``gpu_0/`` names (as Caffe2's
+  ``ExtractPredictorNet`` does) and all its blobs live on GPU 1.
 """
 
 from __future__ import annotations
@@ -74,12 +77,15 @@ def blob_device_scope(blob: str) -> tuple[str, int] | None:
 
 def _device_problems(proto: caffe2_pb2.NetDef) -> list[str]:
     default = proto.device_option if proto.HasField("device_option") else None
+    scopes = {blob_device_scope(blob) for op in proto.op for blob in [*op.input, *op.output]}
     problems: list[str] = []
     for index, op in enumerate(proto.op):
         if _crosses_devices(op):
             continue
         device = effective_device(op, default)
         device_type, device_id = device_key(device)
+        if ("gpu", device_id) not in scopes:
+            continue
         for blob in list(op.input) + list(op.output):
             scope = blob_device_scope(blob)
             if scope is None:

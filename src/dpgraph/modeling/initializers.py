@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
-from dpgraph.errors import ModelError
+from dpgraph.errors import ModelConfigError, ModelError
 from dpgraph.ir.blob import BlobReference, ScopedBlobReference
 from dpgraph.modeling.parameter_info import ParameterInfo
 from dpgraph.proto import caffe2_pb2
@@ -66,6 +67,10 @@ class PseudoFP16Initializer(Initializer):
                              blob_copy={FLOAT: param_fp32})
 
 
+#: The early-2018 name of PseudoFP16Initializer (resnet50_trainer imported it).
+pFP16Initializer = PseudoFP16Initializer
+
+
 class ReversePseudoFP16Initializer(Initializer):
     """The fp32 parameter ``<name>`` and an fp16 copy ``<name>_fp16``."""
 
@@ -80,6 +85,12 @@ def update_initializer(initializer_class: Any, operator_name_and_kwargs: Any,
                        default_operator_name_and_kwargs: Any) -> Any:
     """Instantiate ``initializer_class`` (default :class:`Initializer`) with the given
     ``(op_name, kwargs)``, or with the default pair when none is given."""
-    op_name, kwargs = operator_name_and_kwargs or default_operator_name_and_kwargs
+    given = operator_name_and_kwargs or default_operator_name_and_kwargs
+    if not (isinstance(given, (tuple, list)) and len(given) == 2 and isinstance(given[0], str)
+            and isinstance(given[1], Mapping)):
+        raise ModelConfigError(
+            f"An initializer must be an (op_name, kwargs) pair such as ('XavierFill', {{}}) "
+            f"or ('ConstantFill', {{'value': 0.0}}), got {given!r}.")
+    op_name, kwargs = given
     cls = initializer_class if initializer_class is not None else Initializer
     return cls(op_name, **kwargs)

@@ -252,10 +252,18 @@ class ModelHelper:
     def AddGradientOperators(self, *args: Any, **kwargs: Any) -> dict[Any, Any]:
         """Add the backward pass (once only); fill ``param_to_grad`` and each param's grad."""
         if self.gradient_ops_added:
-            raise ModelStateError("You cannot run AddGradientOperators twice.")
+            raise ModelStateError(
+                f"You cannot run AddGradientOperators twice: model {self.name!r} already has "
+                f"its backward pass (data_parallel_model.Parallelize adds it too); build a new "
+                f"ModelHelper for another training graph.")
         self.Validate()
         self.gradient_ops_added = True
-        self.grad_map: dict[Any, Any] = self.net.AddGradientOperators(*args, **kwargs)
+        try:
+            self.grad_map: dict[Any, Any] = self.net.AddGradientOperators(*args, **kwargs)
+        except BaseException:
+            # the net is left unchanged on failure; so is the model, so a fixed call can retry
+            self.gradient_ops_added = False
+            raise
         self.param_to_grad = self.get_param_to_grad(self.params)
         for param, grad in self.param_to_grad.items():
             param_info = self.get_param_info(param)

@@ -33,9 +33,19 @@ def occurrence_layers(indices: Any) -> list[Any]:
     return [np.flatnonzero(rank == k) for k in range(int(rank.max()) + 1)]
 
 
+def integer_indices(ctx: OpContext, indices: Any, what: str = "indices") -> Any:
+    """``indices`` on the host as an int64 array; a clear error unless they are integers
+    (Caffe2 accepts int32/int64 index tensors only)."""
+    idx = host(indices)
+    if idx.dtype.kind not in "iu":
+        raise ctx.fail(f"{what} must be an int32 or int64 tensor, got {idx.dtype}; cast them "
+                       f"with .astype(np.int64) before feeding them")
+    return idx.astype(np.int64)
+
+
 def check_indices(ctx: OpContext, indices: Any, rows: int, what: str = "indices") -> Any:
     """``indices`` as a flat int64 array, each in [0, rows)."""
-    idx = host(indices).reshape(-1).astype(np.int64)
+    idx = integer_indices(ctx, indices, what).reshape(-1)
     if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= rows):
         raise ctx.fail(f"{what} must lie in [0, {rows}), got [{int(idx.min())}, "
                        f"{int(idx.max())}]")

@@ -52,8 +52,18 @@ def _as_2d(ctx: OpContext, x: Any) -> Any:
     return x.reshape(outer, -1)
 
 
+def _integer_labels(ctx: OpContext, label: Any) -> Any:
+    """Input 1 (the label) as an int64 array; a clear error for float labels, which Caffe2
+    refuses (its label tensors are int32)."""
+    label = ctx.xp.asarray(label)
+    if label.dtype.kind not in "iu":
+        raise ctx.fail(f"label {ctx.input_name(1)!r} must hold integer class ids (int32), got "
+                       f"{label.dtype}; cast it with .astype(np.int32) before feeding it")
+    return label.astype(np.int64)
+
+
 def _labels(ctx: OpContext, label: Any, n: int, d: int) -> Any:
-    label = ctx.xp.asarray(label).reshape(-1).astype(np.int64)
+    label = _integer_labels(ctx, label).reshape(-1)
     if label.shape[0] != n:
         raise ctx.fail(f"label has {label.shape[0]} entries, expected one per row ({n})")
     if label.size and (int(label.min()) < 0 or int(label.max()) >= d):
@@ -130,7 +140,7 @@ def _spatial_parts(ctx: OpContext, x: Any, label: Any, weights: Any | None) -> t
     """(one-hot target, pixel weights with ignored pixels zeroed, total weight)."""
     xp = ctx.xp
     n, c = x.shape[0], x.shape[1]
-    label = xp.asarray(label).astype(np.int64).reshape(n, *x.shape[2:])
+    label = _integer_labels(ctx, label).reshape(n, *x.shape[2:])
     valid = label != DONT_CARE
     if bool(((label < 0) & valid).any()) or bool((label >= c).any()):
         raise ctx.fail(f"labels must be -1 (ignored) or lie in [0, {c})")

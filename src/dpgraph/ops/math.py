@@ -93,6 +93,14 @@ def binary_operands(ctx: OpContext) -> tuple[Any, Any]:
             b = ctx.xp.reshape(b, legacy_shape(ctx.args, np.shape(a), np.shape(b)))
         except ArgumentError as error:
             raise ctx.fail(str(error)) from None
+    else:
+        try:
+            np.broadcast_shapes(np.shape(a), np.shape(b))
+        except ValueError:
+            raise ctx.fail(
+                f"shapes of {ctx.input_name(0)!r} {np.shape(a)} and {ctx.input_name(1)!r} "
+                f"{np.shape(b)} do not broadcast; make them match, or set broadcast=1 (and "
+                f"axis) for Caffe2's legacy broadcasting of B into A") from None
     return a, b
 
 
@@ -485,6 +493,11 @@ def sum_op(ctx: OpContext) -> Outputs:
     first = xp.asarray(ctx.inputs[0])
     if len(ctx.inputs) == 1:
         return (first.copy(),)
+    for index, value in enumerate(ctx.inputs[1:], 1):
+        if np.shape(value) != first.shape:
+            raise ctx.fail(f"input {ctx.input_name(index)!r} has shape {np.shape(value)} but "
+                           f"{ctx.input_name(0)!r} has {first.shape}; Sum needs inputs of one "
+                           f"shape (use Add with broadcast=1 to broadcast)")
     total = reduce(xp.add, ctx.inputs[1:], first)
     return (as_dtype(xp, total, first.dtype),)
 

@@ -252,6 +252,9 @@ def _conv_setup(ctx: OpContext, x: Any, w: Any) -> tuple[str, Any, Any, cu.Geome
     geom = cu.parse_geometry(ctx, xc.shape[2:], kernel_shape=wc.shape[2:])
     if wc.shape[2:] != geom.kernel:
         raise ctx.fail(f"filter {w.shape} does not match kernel {geom.kernel}")
+    if xc.size and any(o < 1 for o in geom.out_shape(xc.shape[2:])):
+        raise ctx.fail(f"kernel {geom.kernel} (dilation {geom.dilation}) is larger than the "
+                       f"padded input {x.shape}; use a smaller kernel or more padding")
     return order, xc, wc, geom
 
 
@@ -262,8 +265,11 @@ def _check_conv_channels(ctx: OpContext, xc: Any, wc: Any, geom: cu.Geometry) ->
                        f"not fit group={g}: need C == filter C x group and M divisible by group")
 
 
-def _add_bias(y: Any, b: Any) -> Any:
+def _add_bias(y: Any, b: Any, ctx: OpContext) -> Any:
     """Add a per-channel bias in place (``y`` is always a fresh kernel result)."""
+    if b.size != y.shape[1]:
+        raise ctx.fail(f"bias {ctx.input_name(2)!r} has shape {tuple(b.shape)} but there are "
+                       f"{y.shape[1]} output channels; give one bias value per filter")
     y += b.reshape(-1, *(1,) * (y.ndim - 2)).astype(y.dtype, copy=False)
     return y
 
@@ -311,7 +317,7 @@ def conv(ctx: OpContext) -> Outputs:
     _check_conv_channels(ctx, xc, wc, geom)
     y = cu.conv_forward(ctx.xp, xc, wc, geom)
     if ctx.num_inputs == 3:
-        y = _add_bias(y, ctx.inputs[2])
+        y = _add_bias(y, ctx.inputs[2], ctx)
     return (cu.channel_last(y.astype(xc.dtype, copy=False), order, ctx.xp),)
 
 
@@ -379,7 +385,7 @@ def conv_transpose(ctx: OpContext) -> Outputs:
         raise ctx.fail(f"adj {adj} must be smaller than stride {geom.stride}")
     y = cu.conv_transpose_forward(ctx.xp, xc, wc, geom, adj)
     if ctx.num_inputs == 3:
-        y = _add_bias(y, ctx.inputs[2])
+        y = _add_bias(y, ctx.inputs[2], ctx)
     return (cu.channel_last(y.astype(xc.dtype, copy=False), order, ctx.xp),)
 
 

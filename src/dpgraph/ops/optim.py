@@ -166,6 +166,17 @@ def scatter_weighted_sum(ctx: OpContext) -> Outputs:
 
 
 # --- momentum SGD ----------------------------------------------------------------------------
+def check_same_shape(ctx: OpContext, *indices: int) -> None:
+    """Raise a ShapeError naming the blobs unless inputs ``indices`` all have one shape
+    (a dense update would otherwise broadcast silently or fail inside numpy)."""
+    shapes = [np.shape(ctx.inputs[i]) for i in indices]
+    if any(shape != shapes[0] for shape in shapes[1:]):
+        listed = ", ".join(f"{ctx.input_name(i)!r} {shape}" for i, shape in zip(indices, shapes))
+        raise ctx.fail(f"inputs {listed} must all have the same shape; the gradient and the "
+                       f"optimizer state must match the parameter (re-create the state blobs "
+                       f"with the parameter's shape)")
+
+
 def _momentum_step(g: Any, m: Any, lr: float, mom: float, nesterov: bool) -> tuple[Any, Any]:
     """(adjusted grad, new momentum) of one momentum SGD step."""
     new_m = mom * m + lr * g
@@ -182,6 +193,7 @@ def _momentum_args(ctx: OpContext) -> tuple[float, bool]:
              shape=like_inputs(0, 1))
 def momentum_sgd(ctx: OpContext) -> Outputs:
     """[grad, moment, lr] -> [adjusted grad, moment]."""
+    check_same_shape(ctx, 0, 1)
     g, m, lr = ctx.inputs
     return _momentum_step(g, m, scalar_value(lr), *_momentum_args(ctx))
 
@@ -190,6 +202,7 @@ def momentum_sgd(ctx: OpContext) -> Outputs:
              shape=like_inputs(0, 1, 3))
 def momentum_sgd_update(ctx: OpContext) -> Outputs:
     """[grad, moment, lr, param] -> [adjusted grad, moment, param - adjusted grad]."""
+    check_same_shape(ctx, 0, 1, 3)
     g, m, lr, p = ctx.inputs
     adjusted, new_m = _momentum_step(g, m, scalar_value(lr), *_momentum_args(ctx))
     return adjusted, new_m, (p - adjusted).astype(p.dtype)
@@ -201,6 +214,7 @@ def _decayed_momentum_update(ctx: OpContext) -> Outputs:
     The gradient becomes ``grad + weight_decay·param``; the math runs in float32 and each
     output keeps its input's dtype (float16 for FP16MomentumSGDUpdate).
     """
+    check_same_shape(ctx, 0, 1, 3)
     g, m, lr, p = ctx.inputs
     wd = ctx.float_arg("weight_decay", 0.0)
     g32, m32, p32 = (v.astype(np.float32) for v in (g, m, p))
@@ -272,6 +286,7 @@ def adagrad(ctx: OpContext) -> Outputs:
 
     h' = decay·h + g², w' = w + lr·g / (sqrt(h') + epsilon).
     """
+    check_same_shape(ctx, 0, 1, 2)
     w, h, g, lr = ctx.inputs
     eps, decay = ctx.float_arg("epsilon", 1e-5), ctx.float_arg("decay", 1.0)
     new_h = _f32(decay * h + g * g, h)
@@ -332,6 +347,7 @@ def _adam_args(ctx: OpContext, iteration: Any) -> tuple[float, float, float, flo
              shape=like_inputs(0, 1, 2))
 def adam(ctx: OpContext) -> Outputs:
     """[param, m1, m2, grad, lr, iter] -> [param, m1, m2(, effective grad)]."""
+    check_same_shape(ctx, 0, 1, 2, 3)
     w, m1, m2, g, lr, iteration = ctx.inputs
     beta1, beta2, eps, corr = _adam_args(ctx, iteration)
     new_m1 = _f32(m1 * beta1 + g * (1 - beta1), m1)
@@ -391,6 +407,7 @@ def _adadelta_step(w: Any, h: Any, d: Any, g: Any, ctx: OpContext, lr: float) ->
              shape=like_inputs(0, 1, 2))
 def adadelta(ctx: OpContext) -> Outputs:
     """[param, moment, moment_delta, grad, lr] -> [param, moment, moment_delta]."""
+    check_same_shape(ctx, 0, 1, 2, 3)
     w, h, d, g, lr = ctx.inputs
     return _adadelta_step(w, h, d, g, ctx, scalar_value(lr))
 
@@ -416,6 +433,7 @@ def wngrad(ctx: OpContext) -> Outputs:
 
     w' = w + lr·g / (b + epsilon), b' = b + Σg² / (b + epsilon).
     """
+    check_same_shape(ctx, 0, 2)
     w, b, g, lr = ctx.inputs
     eps, b0 = ctx.float_arg("epsilon", 1e-5), scalar_value(b)
     effective = scalar_value(lr) / (b0 + eps)
@@ -444,6 +462,7 @@ def sparse_wngrad(ctx: OpContext) -> Outputs:
              shape=like_inputs(0, 1, 2))
 def rms_prop(ctx: OpContext) -> Outputs:
     """[grad, mean_squares, mom, lr] -> [grad', mean_squares', mom'] (grad' = mom')."""
+    check_same_shape(ctx, 0, 1, 2)
     g, ms, mom, lr = ctx.inputs
     decay, momentum = ctx.float_arg("decay", 0.9), ctx.float_arg("momentum", 0.0)
     eps = ctx.float_arg("epsilon", 1e-5)

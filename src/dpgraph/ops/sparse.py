@@ -15,7 +15,7 @@ from dpgraph.ir.arguments import MakeArgument, arguments_dict
 from dpgraph.ir.blob import GradientSlice
 from dpgraph.ir.registry import register_gradient, register_op
 from dpgraph.ops._common import FLOAT, FLOAT16, host
-from dpgraph.ops._sparse_rows import check_indices, check_rows, writable
+from dpgraph.ops._sparse_rows import check_indices, check_rows, integer_indices, writable
 from dpgraph.ops.context import OpContext, Outputs
 from dpgraph.ops.gradient_builder import GradientBuilder
 
@@ -31,7 +31,7 @@ def _out_dtype(data: Any) -> Any:
 
 # --- gathers ---------------------------------------------------------------------------------
 def _gather_indices(ctx: OpContext, indices: Any, size: int) -> Any:
-    idx = host(indices).astype(np.int64)
+    idx = integer_indices(ctx, indices)
     if ctx.int_arg("wrap_indices", 0):
         idx = np.where(idx < 0, idx + size, idx)
     if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= size):

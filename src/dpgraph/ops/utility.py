@@ -1,6 +1,7 @@
-"""Utility ops: StopGradient, Cast, Print, Free, EnsureDense, ZeroGradient, Alias, NanCheck,
-small lengths/index helpers (LengthsToRanges, LengthsTile, Find, FindDuplicateElements), and
-the control-flow ops If and While (their NetDef arguments run in the op's workspace).
+"""Utility ops: StopGradient, Cast, Print, Summarize, Free, EnsureDense, ZeroGradient, Alias,
+NanCheck, small lengths/index helpers (LengthsToRanges, LengthsTile, Find,
+FindDuplicateElements), and the control-flow ops If and While (their NetDef arguments run in
+the op's workspace).
 
 ``StopGradient`` and ``LengthsToRanges`` have Caffe2's ``NO_GRADIENT`` (a maker that adds
 nothing); the autodiff layer also stops at StopGradient by type.
@@ -10,6 +11,7 @@ nothing); the autodiff layer also stops at StopGradient by type.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from typing import Any
 
@@ -110,17 +112,63 @@ def _cast_gradient(g: GradientBuilder) -> None:
 
 
 # --- side effects and bookkeeping --------------------------------------------------------
+_CAFFE2_TYPE_NAMES = {"float32": "float", "float64": "double", "int32": "int", "int64": "long",
+                      "float16": "at::Half", "bool": "bool", "uint8": "unsigned char"}
+
+
+def _log_file(ctx: OpContext, extension: str) -> str:
+    """``<root folder>/<input name, '/' -> '#'><extension>`` (Caffe2's to_file target)."""
+    root = getattr(ctx.workspace, "root_folder", ".")
+    return os.path.join(root, ctx.input_name(0).replace("/", "#") + extension)
+
+
+def _append_line(path: str, line: str) -> None:
+    with open(path, "a", encoding="utf-8") as handle:
+        handle.write(line + "\n")
+
+
 @register_op("Print", inputs=1, outputs=0, side_effects=True)
 def print_op(ctx: OpContext) -> Outputs:
-    """Log and print the input blob (``to_file`` is ignored)."""
+    """Log and print the input blob; with ``to_file=1`` append Caffe2's line
+    ``Tensor <name> of type <dtype>. Dims: (<dims>): <values>`` (at most ``limit``, default
+    1000, values) to ``<root folder>/<name>.log`` instead."""
     value = ctx.inputs[0]
     host = to_host(value)
+    if ctx.int_arg("to_file", 0) and isinstance(host, np.ndarray):
+        limit = ctx.int_arg("limit", 0) or 1000
+        values = ",".join(f"{v:g}" if isinstance(v, float) else str(v)
+                          for v in host.reshape(-1)[:limit].tolist())
+        dims = ",".join(str(d) for d in host.shape)
+        dtype = _CAFFE2_TYPE_NAMES.get(host.dtype.name, host.dtype.name)
+        _append_line(_log_file(ctx, ".log"), f"Tensor {ctx.input_name(0)} of type "
+                     f"{dtype}. Dims: ({dims}): {values}")
+        return ()
     shape = list(np.shape(host)) if isinstance(host, np.ndarray) else None
     text = f"{ctx.input_name(0)}" + (f" (shape {shape}): {host}" if shape is not None
                                      else f": {host!r}")
     _LOG.info("%s", text)
     print(text, file=sys.stdout)
     return ()
+
+
+@register_op("Summarize", inputs=1, outputs=(0, 1), side_effects=True)
+def summarize(ctx: OpContext) -> Outputs:
+    """[min, max, mean, std (unbiased)] of the input as float32; with ``to_file=1`` also
+    append ``min max mean std`` to ``<root folder>/<name, '/' -> '#'>.summary``."""
+    x = np.asarray(to_host(ctx.inputs[0]), dtype=np.float32).reshape(-1)
+    if x.size == 0:
+        raise ctx.fail("the input must not be empty")
+    mean = float(np.mean(x, dtype=np.float64))
+    std = float(np.std(x, dtype=np.float64, ddof=1)) if x.size > 1 else 0.0
+    stats = [float(x.min()), float(x.max()), mean, std]
+    if ctx.int_arg("to_file", 0):
+        _append_line(_log_file(ctx, ".summary"), " ".join(f"{v:g}" for v in stats))
+    if ctx.num_outputs == 0:
+        return ()
+    return (ctx.xp.asarray(np.array(stats, dtype=np.float32)),)
+
+
+register_gradient("Summarize")(no_gradient)
 
 
 @register_op("Free", inputs=(1, None), outputs=(1, None))

@@ -6,6 +6,7 @@ once, at the facade, into a :class:`ParallelConfig`; every pass reads only that 
 
 from __future__ import annotations
 
+import numbers
 import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -105,11 +106,19 @@ def _normalise_devices(devices: Iterable[int] | None, cpu_like: bool) -> tuple[i
     if devices is None:
         devices = _default_devices(cpu_like)
     try:
-        result = tuple(int(d) for d in devices)
-    except (TypeError, ValueError) as error:
+        given = list(devices)
+    except TypeError as error:
         raise ParallelizeError(
             f"devices must be an iterable of int device ids, got {devices!r}."
         ) from error
+    bad = [d for d in given if isinstance(d, bool) or not isinstance(d, numbers.Integral)
+           or d < 0]
+    if bad:
+        raise ParallelizeError(
+            f"devices must be non-negative int device ids (e.g. range(4)), got {given!r}; "
+            f"invalid: {bad!r}."
+        )
+    result = tuple(int(d) for d in given)
     if not result:
         raise ParallelizeError("Parallelize needs at least one device; got an empty list.")
     if len(set(result)) != len(result):

@@ -8,7 +8,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from dpgraph.collectives.rendezvous import as_rendezvous
-from dpgraph.errors import ParallelizeError
+from dpgraph.errors import NotParallelizedError, ParallelizeError
 from dpgraph.ir.blob import BlobReference
 from dpgraph.ir.device import IsGPUDeviceType
 from dpgraph.ir.net import Net
@@ -27,17 +27,19 @@ def _workspace() -> Any:
     return workspace
 
 
-def _require_parallelized(model: Any, what: str) -> None:
-    if not hasattr(model, "_device_grouped_blobs") or not getattr(model, "_devices", None):
-        raise ParallelizeError(
-            f"{what} needs a model built with data_parallel_model.Parallelize; call "
-            "Parallelize(model, ...) first."
+def _require_parallelized(model: Any, what: str, attribute: str = "_device_grouped_blobs"
+                          ) -> None:
+    if not hasattr(model, attribute) or not getattr(model, "_devices", None):
+        name = getattr(model, "name", None) or type(model).__name__
+        raise NotParallelizedError(
+            f"{what} needs a model built with data_parallel_model.Parallelize, but model "
+            f"{name!r} has no {attribute}; call Parallelize(model, ...) first."
         )
 
 
-def state_of(model: Any) -> ParallelState:
+def state_of(model: Any, what: str = "This helper") -> ParallelState:
     """A ParallelState view of an already parallelized model (for the helpers below)."""
-    _require_parallelized(model, "This helper")
+    _require_parallelized(model, what)
     rendezvous = getattr(model, "_rendezvous", None)
     config = ParallelConfig(
         devices=tuple(model._devices), device_type=model._device_type,
@@ -54,6 +56,7 @@ def state_of(model: Any) -> ParallelState:
 
 def RunInitNet(model: Any) -> None:
     """Run every init net once, then create the nets."""
+    _require_parallelized(model, "RunInitNet", "_data_parallel_model_nets")
     workspace = _workspace()
     for init_net in model._data_parallel_model_init_nets:
         workspace.RunNetOnce(init_net)
@@ -62,6 +65,7 @@ def RunInitNet(model: Any) -> None:
 
 def RunWarmup(model: Any) -> None:
     """Run the main net ``_warmup_iterations`` times, then the warmup broadcast net."""
+    _require_parallelized(model, "RunWarmup", "_data_parallel_model_nets")
     workspace = _workspace()
     workspace.RunNet(model.net, model._warmup_iterations)
     workspace.RunNetOnce(model._warmup_broadcast)
@@ -69,6 +73,7 @@ def RunWarmup(model: Any) -> None:
 
 def RunNet(model: Any, num_iterations: int) -> None:
     """Run each net: a plain net ``num_iterations`` times, a ``(net, k)`` pair k times."""
+    _require_parallelized(model, "RunNet", "_data_parallel_model_nets")
     workspace = _workspace()
     for entry in model._data_parallel_model_nets:
         if isinstance(entry, tuple):
@@ -79,6 +84,7 @@ def RunNet(model: Any, num_iterations: int) -> None:
 
 def CreateNet(model: Any, overwrite: bool = False) -> None:
     """Create every net of the model in the current workspace."""
+    _require_parallelized(model, "CreateNet", "_data_parallel_model_nets")
     workspace = _workspace()
     for entry in model._data_parallel_model_nets:
         net = entry[0] if isinstance(entry, tuple) else entry
@@ -87,7 +93,7 @@ def CreateNet(model: Any, overwrite: bool = False) -> None:
 
 def GetCheckpointParams(model: Any) -> set[Any]:
     """The first device's synced blobs plus every unprefixed Iter/AtomicIter output."""
-    state = state_of(model)
+    state = state_of(model, "GetCheckpointParams")
     blobs, _ = compute_blobs_to_sync(state)
     first = f"{state.namescope(state.master)}/"
     result: set[Any] = {b for b in blobs if str(b).startswith(first)}

@@ -213,6 +213,9 @@ class OpInstance:
             f"{n} ({_describe_value(v, (placement or {}).get(n))})"
             for n, v in zip(self.inputs, values)) if self.inputs else "  inputs: none")
         lines.append(f"  outputs: {', '.join(self.outputs) or 'none'}")
+        if isinstance(cause, (ValueError, IndexError)) and not isinstance(cause, DpgraphError) \
+                and not self.type.startswith("Python"):  # user code raised: no guessing
+            lines.append(_raw_failure_hint(self.type))
         stack = operator_tracebacks.get(self.net_name, {}).get(self.index) \
             if self.net_name else None
         if stack:
@@ -225,6 +228,17 @@ class OpInstance:
             setattr(error, attribute, value)
         error.__cause__ = cause
         return error
+
+
+def _raw_failure_hint(op_type: str) -> str:
+    """What to do when a kernel failed inside numpy/Python rather than with a checked
+    error: some input does not fit the op, so point at the listed shapes and the doc."""
+    forward = op_type[:-len("Gradient")] if op_type.endswith("Gradient") else ""
+    mirror = (f" (a gradient op: its inputs must mirror those of the forward {forward} op "
+              f"and its output gradients)") if forward else ""
+    return (f"  hint: an input's shape or dtype listed above does not fit {op_type}{mirror}; "
+            f"fix that blob or the op's arguments (see "
+            f"dpgraph.ir.registry.OPERATORS.lookup({op_type!r}).doc).")
 
 
 def _host_inputs_to_device(values: list[Any], key: DeviceKey) -> list[Any]:

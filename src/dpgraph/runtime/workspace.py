@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from dpgraph.errors import BlobNotFoundError, WorkspaceError
+from dpgraph.errors import BlobNotFoundError, WorkspaceError, did_you_mean
 from dpgraph.ir import scope
 from dpgraph.ir.device import device_key, device_name
 from dpgraph.proto import caffe2_pb2
@@ -32,6 +32,11 @@ DeviceKey = tuple[int, int]
 
 class MissingBlobError(BlobNotFoundError, WorkspaceError):
     """A blob is not in the workspace (a KeyError and, as in Caffe2, a RuntimeError)."""
+
+
+class WorkspaceArgumentError(WorkspaceError, TypeError):
+    """A workspace call got an argument of the wrong type (a TypeError, as Caffe2's C++
+    bindings raised, and a WorkspaceError)."""
 
 
 class NetInstance:
@@ -115,6 +120,12 @@ class Workspace:
     def has_blob(self, name: Any) -> bool:
         return str(name) in self._blobs
 
+    def _missing_blob(self, name: str) -> MissingBlobError:
+        """Caffe2's "Can't find blob: NAME", plus close matches and how to create it."""
+        return MissingBlobError(
+            f"Can't find blob: {name}.{did_you_mean(name, self._blobs)} Feed it with "
+            f"workspace.FeedBlob or run the net that produces it first.")
+
     def create_blob(self, name: Any) -> None:
         """Create an empty blob if it does not exist."""
         self._blobs.setdefault(str(name), None)
@@ -123,7 +134,7 @@ class Workspace:
     def reset_blob(self, name: Any) -> None:
         name = str(name)
         if name not in self._blobs:
-            raise MissingBlobError(f"Can't find blob: {name}")
+            raise self._missing_blob(name)
         self._blobs[name] = None
         self._placement[name] = None
 
@@ -135,7 +146,7 @@ class Workspace:
         """The device a blob lives on (``None`` for empty and non-tensor blobs)."""
         name = str(name)
         if name not in self._blobs:
-            raise MissingBlobError(f"Can't find blob: {name}")
+            raise self._missing_blob(name)
         return self._placement[name]
 
     def get_blob_or_none(self, name: str, device: Any = None) -> Any:
@@ -148,7 +159,7 @@ class Workspace:
         try:
             return self._blobs[name]
         except KeyError:
-            raise MissingBlobError(f"Can't find blob: {name}") from None
+            raise self._missing_blob(name) from None
 
     def set_blob(self, name: Any, value: Any, device: DeviceKey | None = devices.CPU_KEY) -> None:
         """Store ``value`` as is on placement ``device`` (no conversion, no copy)."""
@@ -182,7 +193,7 @@ class Workspace:
         """A host copy of a blob's value (bytes for string blobs)."""
         name = str(name)
         if name not in self._blobs:
-            raise MissingBlobError(f"Can't find blob: {name}")
+            raise self._missing_blob(name)
         value = self._blobs[name]
         if value is None:
             raise WorkspaceError(f"Blob {name!r} is empty (created but never written, or freed)"
@@ -233,6 +244,10 @@ class Workspace:
 
     def run_net(self, name: Any, num_iter: int = 1, allow_fail: bool = False) -> bool:
         instance = self.net(name)
+        if isinstance(num_iter, bool) or not isinstance(num_iter, (int, np.integer)):
+            raise WorkspaceArgumentError(
+                f"RunNet({instance.name!r}): num_iter must be an int, got "
+                f"{type(num_iter).__name__} {num_iter!r}.")
         try:
             for _ in range(num_iter):
                 instance.run()
@@ -307,4 +322,23 @@ def _as_array(value: Any, name: str) -> np.ndarray:
     elif array.dtype.kind == "O" and not isinstance(value, np.ndarray):
         raise WorkspaceError(f"FeedBlob({name!r}): cannot feed a {type(value).__name__}; "
                              "feed a numpy array, a string or a TensorProto.")
+    elif array.dtype.kind == "O":
+        array = _string_tensor(array, name)
     return array
+
+
+def _string_tensor(array: np.ndarray, name: str) -> np.ndarray:
+    """An object array as Caffe2's string tensor: bytes elements (str is UTF-8 encoded);
+    any other element is refused, as Caffe2's feeder did."""
+    values = array.reshape(-1).tolist()
+    bad = [v for v in values if not isinstance(v, (str, bytes))]
+    if bad:
+        raise WorkspaceError(
+            f"FeedBlob({name!r}): an object array must hold only bytes or str (a string "
+            f"tensor), but it holds {type(bad[0]).__name__} {bad[0]!r}; feed a numeric "
+            f"dtype array instead.")
+    if not any(isinstance(v, str) for v in values):
+        return array
+    encoded = np.empty(len(values), dtype=object)
+    encoded[:] = [v.encode("utf-8") if isinstance(v, str) else v for v in values]
+    return encoded.reshape(array.shape)
