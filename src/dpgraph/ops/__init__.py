@@ -8,7 +8,7 @@ import importlib
 _FAMILIES = (
     "fill", "math", "reduction", "activation", "nn", "norm", "loss", "shape", "utility", "optim",
     "learning_rate", "sparse", "queue", "device_copy", "collective", "distributed", "sequence",
-    "image", "text",
+    "image", "text", "python_op", "detection",
 )
 
 for _family in _FAMILIES:
