@@ -9,26 +9,22 @@ no store is the single-process reference.
 
 from __future__ import annotations
 
-import json
-import multiprocessing
 import os
-import shutil
 import signal
-import tempfile
 import time
 import zlib
-from pathlib import Path
 from typing import Any
 
+import _launch
 import _worker
 import numpy as np
+from _launch import rank_configs
 
 from dpgraph import brew, checkpoint, core, data_parallel_model, model_helper, workspace
 from dpgraph.errors import CollectiveError
 from dpgraph.proto import caffe2_pb2
 
 # tests/dist/conftest.py preloads dpgraph and torch.distributed into the forkserver
-_FORKSERVER = multiprocessing.get_context("forkserver")
 BATCH = 48
 IN, HIDDEN, OUT = 6, 5, 3
 
@@ -234,26 +230,6 @@ def run_rank(cfg: dict[str, Any], out_path: str) -> dict[str, Any]:
 
 def launch(scenario: str, size: int, store: dict[str, Any], hard_timeout: float = 30.0,
            timeout_ms: int = 5000, **extra: Any) -> list[dict[str, Any]]:
-    """``conftest.run_ranks`` for these scenarios: start ``size`` ranks, kill any still
-    running after ``hard_timeout`` seconds, return each rank's JSON result."""
-    out_dir = Path(tempfile.mkdtemp(prefix="dpgraph-multihost-"))
-    procs = []
-    for rank in range(size):
-        cfg = {"rank": rank, "size": size, "scenario": scenario, "store": store,
-               "timeout_ms": timeout_ms, **extra}
-        out = out_dir / f"rank{rank}.json"
-        proc = _FORKSERVER.Process(target=run_rank, args=(cfg, str(out)), daemon=True)
-        proc.start()
-        procs.append((proc, out))
-    deadline = time.monotonic() + hard_timeout
-    results = []
-    for rank, (proc, out) in enumerate(procs):
-        proc.join(max(0.1, deadline - time.monotonic()))
-        killed = proc.is_alive()
-        if killed:
-            proc.kill()
-            proc.join(5)
-        result = json.loads(out.read_text()) if out.exists() else {"rank": rank, "ok": None}
-        results.append({**result, "returncode": proc.exitcode, "killed": killed})
-    shutil.rmtree(out_dir, ignore_errors=True)
-    return results
+    """Start ``size`` ranks running these scenarios; see ``_launch.launch``."""
+    return _launch.launch(run_rank, rank_configs(scenario, size, store, timeout_ms, **extra),
+                          hard_timeout)

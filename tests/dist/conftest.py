@@ -6,19 +6,14 @@ torch.distributed, so each rank starts in milliseconds instead of re-importing t
 
 from __future__ import annotations
 
-import json
-import multiprocessing
-import shutil
 import socket
-import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from _launch import FORKSERVER, launch, rank_configs
 
-_CONTEXT = multiprocessing.get_context("forkserver")
-_CONTEXT.set_forkserver_preload(["torch.distributed", "_worker"])
+FORKSERVER.set_forkserver_preload(["torch.distributed", "_worker"])
 
 
 def free_port() -> int:
@@ -34,27 +29,8 @@ def run_ranks(scenario: str, size: int, store: dict[str, Any], processes: int | 
     ``hard_timeout`` seconds; return each rank's JSON result (``ok=None``: no result)."""
     import _worker  # tests/dist is on sys.path (rootdir conftest)
 
-    out_dir = Path(tempfile.mkdtemp(prefix="dpgraph-dist-"))
-    procs = []
-    for rank in range(size if processes is None else processes):
-        cfg = {"rank": rank, "size": size, "scenario": scenario, "store": store,
-               "timeout_ms": timeout_ms, **extra}
-        out = out_dir / f"rank{rank}.json"
-        proc = _CONTEXT.Process(target=_worker.run_rank, args=(cfg, str(out)), daemon=True)
-        proc.start()
-        procs.append((proc, out))
-    deadline = time.monotonic() + hard_timeout
-    results = []
-    for rank, (proc, out) in enumerate(procs):
-        proc.join(max(0.1, deadline - time.monotonic()))
-        killed = proc.is_alive()
-        if killed:
-            proc.kill()
-            proc.join(5)
-        result = json.loads(out.read_text()) if out.exists() else {"rank": rank, "ok": None}
-        results.append({**result, "returncode": proc.exitcode, "killed": killed})
-    shutil.rmtree(out_dir, ignore_errors=True)
-    return results
+    configs = rank_configs(scenario, size, store, timeout_ms, processes, **extra)
+    return launch(_worker.run_rank, configs, hard_timeout)
 
 
 @pytest.fixture
