@@ -8,12 +8,8 @@ import importlib
 _FAMILIES = (
     "fill", "math", "reduction", "activation", "nn", "norm", "loss", "shape", "utility", "optim",
     "learning_rate", "sparse", "queue", "device_copy", "collective", "distributed", "sequence",
-    "image", "text", "python_op", "detection",
+    "image", "text", "python_op", "detection", "proposals",
 )
 
 for _family in _FAMILIES:
-    try:
-        importlib.import_module(f"dpgraph.ops.{_family}")
-    except ModuleNotFoundError as _error:  # a family still being written
-        if _error.name != f"dpgraph.ops.{_family}":
-            raise
+    importlib.import_module(f"dpgraph.ops.{_family}")
