@@ -4,6 +4,9 @@ from typing import Any
 
 from dpgraph.ir.analysis import (
     InferBlobDevices,
+    InferOpBlobDevices,
+    InferOpBlobDevicesAsDict,
+    InferOpDeviceAsBlobDevices,
     get_op_ids_in_path,
     get_output_producers,
     get_ssa,
@@ -77,6 +80,7 @@ __all__ = [
     "BlobReference", "CreateOperator", "CreatePythonOperator", "DataType", "DeviceOption",
     "DeviceScope",
     "EmptyDeviceScope", "EmptyNameScope", "GlobalInit", "GradientSlice", "InferBlobDevices",
+    "InferOpBlobDevices", "InferOpBlobDevicesAsDict", "InferOpDeviceAsBlobDevices",
     "InjectCrossDeviceCopies", "IsGPUDeviceType", "IsOperator", "IsOperatorWithEngine",
     "NameScope", "Net",
     "RefreshRegisteredOperators", "RegisteredOperators", "ScopedBlobReference", "ScopedName",

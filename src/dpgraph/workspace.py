@@ -11,6 +11,7 @@ from dpgraph.ir.net import operator_tracebacks
 from dpgraph.ir.scope import CurrentNameScope as GetNameScope
 from dpgraph.runtime import devices as _devices
 from dpgraph.runtime.api import (
+    BenchmarkNet,
     Blobs,
     CreateBlob,
     CreateNet,
@@ -71,7 +72,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-    "Blobs", "CreateBlob", "FetchInt8Blob", "GetGPUMemoryInfo", "IsImmediate",
+    "BenchmarkNet", "Blobs", "CreateBlob", "FetchInt8Blob", "GetGPUMemoryInfo", "IsImmediate",
     "StartImmediate", "StopImmediate", "CreateNet", "CurrentWorkspace", "DeserializeBlob",
     "FeedBlob", "FetchBlob", "FetchBlobs", "GetCUDAVersion", "GetCuDNNVersion",
     "GetCudaPeerAccessPattern", "GetDeviceProperties",

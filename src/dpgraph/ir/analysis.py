@@ -143,3 +143,55 @@ def external_inputs_of(ops: OpList) -> list[str]:
                 result.append(b)
         produced.update(op.output)
     return result
+
+
+def _cpu_option() -> caffe2_pb2.DeviceOption:
+    return caffe2_pb2.DeviceOption(device_type=caffe2_pb2.PROTO_CPU)
+
+
+#: Copy ops whose inputs or outputs live on CPU whatever the op's own device:
+#: ``type: (inputs on CPU, outputs on CPU)``, as Caffe2's device inference functions say.
+_CROSS_DEVICE_SIDES = {
+    "CopyGPUToCPU": (False, True),
+    "EnsureCPUOutput": (False, True),
+    "CopyCPUToGPU": (True, False),
+    "CopyFromCPUInput": (True, False),
+}
+
+
+def InferOpDeviceAsBlobDevices(op: caffe2_pb2.OperatorDef
+                               ) -> tuple[list[caffe2_pb2.DeviceOption],
+                                          list[caffe2_pb2.DeviceOption]]:
+    """Every input and output on the op's own device option."""
+    option = op.device_option if op.HasField("device_option") else caffe2_pb2.DeviceOption()
+    return [option] * len(op.input), [option] * len(op.output)
+
+
+def InferOpBlobDevices(op: caffe2_pb2.OperatorDef
+                       ) -> tuple[list[caffe2_pb2.DeviceOption], list[caffe2_pb2.DeviceOption]]:
+    """``(input devices, output devices)`` of ``op``, one DeviceOption per blob.
+
+    Copy ops cross devices (e.g. CopyGPUToCPU reads on the op's GPU and writes on CPU); every
+    other op keeps all its blobs on its own device option.
+    """
+    cpu_in, cpu_out = _CROSS_DEVICE_SIDES.get(op.type, (False, False))
+
+    def side(count: int, on_cpu: bool) -> list[caffe2_pb2.DeviceOption]:
+        # fresh copies, so editing one never edits the op or another blob's option
+        result = []
+        for _ in range(count):
+            option = _cpu_option() if on_cpu else caffe2_pb2.DeviceOption()
+            if not on_cpu and op.HasField("device_option"):
+                option.CopyFrom(op.device_option)
+            result.append(option)
+        return result
+
+    return side(len(op.input), cpu_in), side(len(op.output), cpu_out)
+
+
+def InferOpBlobDevicesAsDict(op: caffe2_pb2.OperatorDef
+                             ) -> tuple[dict[str, caffe2_pb2.DeviceOption],
+                                        dict[str, caffe2_pb2.DeviceOption]]:
+    """:func:`InferOpBlobDevices` keyed by blob name: ``({input: dev}, {output: dev})``."""
+    inputs, outputs = InferOpBlobDevices(op)
+    return dict(zip(op.input, inputs, strict=True)), dict(zip(op.output, outputs, strict=True))
