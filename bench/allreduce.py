@@ -123,6 +123,7 @@ def _gloo_rank(rank: int, path: str, sizes: list[int], min_time: float, queue: A
         order = list(methods)
         for round_ in range(ROUNDS):  # rotate who goes first: load drifts hit all alike
             for key in order[round_ % 3:] + order[:round_ % 3]:
+                dist.barrier()  # both ranks start each block together: no skew is timed
                 times[key].append(_timed(methods[key], reps))
         rows.append({"bytes": nbytes, "reps": reps * ROUNDS,
                      **{f"{key}_s": min(values) for key, values in times.items()}})
