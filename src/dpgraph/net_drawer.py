@@ -13,6 +13,7 @@ from typing import Any
 
 from dpgraph.errors import MissingDependencyError
 from dpgraph.export.dot import to_dot
+from dpgraph.ir.proto_io import proto_of
 from dpgraph.proto import caffe2_pb2
 
 OpNodeProducer = Callable[[caffe2_pb2.OperatorDef, int], Any]
@@ -104,7 +105,7 @@ def GetPydotGraphMinimal(operators_or_net: Any, name: str | None = None, rankdir
 def GetOperatorMapForPlan(plan_def: Any) -> dict[str, Iterable[caffe2_pb2.OperatorDef]]:
     """``{"<plan>_<net>": ops}`` for each net of a PlanDef (or Plan); unnamed nets are
     called ``<plan>_network_<i>``."""
-    plan = plan_def.Proto() if hasattr(plan_def, "Proto") else plan_def
+    plan = proto_of(plan_def)
     return {f"{plan.name}_{net.name or f'network_{i}'}": net.op
             for i, net in enumerate(plan.network)}
 

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from dpgraph.ir.device import device_name, effective_device
+from dpgraph.ir.proto_io import proto_of
 from dpgraph.ir.registry import OPERATORS
 from dpgraph.ir.text import format_net, format_op
 from dpgraph.proto import caffe2_pb2
@@ -41,10 +42,6 @@ _COLLECTIVE_TYPES = frozenset({
 })
 
 
-def _proto(net: Any) -> caffe2_pb2.NetDef:
-    return net.Proto() if hasattr(net, "Proto") else net
-
-
 def is_collective(op: caffe2_pb2.OperatorDef) -> bool:
     """True for communication ops: NCCL*, Gloo collectives, and Parallelize's ``dpm`` Sum."""
     return op.type in _COLLECTIVE_TYPES or (op.type == "Sum" and op.name == "dpm")
@@ -52,7 +49,7 @@ def is_collective(op: caffe2_pb2.OperatorDef) -> bool:
 
 def collectives(net: Any) -> list[caffe2_pb2.OperatorDef]:
     """The communication ops of ``net``, in order."""
-    return [op for op in _proto(net).op if is_collective(op)]
+    return [op for op in proto_of(net).op if is_collective(op)]
 
 
 def _op_device(op: caffe2_pb2.OperatorDef, proto: caffe2_pb2.NetDef) -> str:
@@ -62,7 +59,7 @@ def _op_device(op: caffe2_pb2.OperatorDef, proto: caffe2_pb2.NetDef) -> str:
 
 def ops_by_device(net: Any) -> dict[str, list[caffe2_pb2.OperatorDef]]:
     """``{'cpu_0': [ops...], 'gpu_1': [...]}`` in op order."""
-    proto = _proto(net)
+    proto = proto_of(net)
     grouped: dict[str, list[caffe2_pb2.OperatorDef]] = {}
     for op in proto.op:
         grouped.setdefault(_op_device(op, proto), []).append(op)
@@ -71,7 +68,7 @@ def ops_by_device(net: Any) -> dict[str, list[caffe2_pb2.OperatorDef]]:
 
 def count_ops(net: Any, type: str | None = None, device: str | None = None) -> int:
     """How many ops of ``type`` (any if None) run on ``device`` (e.g. ``'gpu_1'``)."""
-    proto = _proto(net)
+    proto = proto_of(net)
     return sum(1 for op in proto.op
                if (type is None or op.type == type)
                and (device is None or _op_device(op, proto) == device))
@@ -79,13 +76,13 @@ def count_ops(net: Any, type: str | None = None, device: str | None = None) -> i
 
 def op_types(net: Any) -> Counter[str]:
     """``Counter`` of op types."""
-    return Counter(op.type for op in _proto(net).op)
+    return Counter(op.type for op in proto_of(net).op)
 
 
 def _normalised(net: Any, ignore_names: bool, ignore_device_ids: bool,
                 ignore_arg_order: bool) -> caffe2_pb2.NetDef:
     proto = caffe2_pb2.NetDef()
-    proto.CopyFrom(_proto(net))
+    proto.CopyFrom(proto_of(net))
     if ignore_names:
         proto.ClearField("name")
         for op in proto.op:
@@ -142,7 +139,7 @@ def assert_matches_snapshot(net: Any, path: str | os.PathLike[str],
         update = os.environ.get(UPDATE_ENV, "") not in ("", "0")
     if update or not snapshot.exists():
         snapshot.parent.mkdir(parents=True, exist_ok=True)
-        snapshot.write_text(format_net(_proto(net)))
+        snapshot.write_text(format_net(proto_of(net)))
         return
     assert_nets_equal(parse_net(snapshot.read_text()), net, **options)
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from dpgraph.errors import ExportError, MissingDependencyError
 from dpgraph.ir.device import device_name, effective_device
+from dpgraph.ir.proto_io import proto_of
 from dpgraph.proto import caffe2_pb2
 from dpgraph.testing import is_collective
 
@@ -45,7 +46,7 @@ def to_dot(net: Any, cluster_by_device: bool = True, show_blobs: bool = True,
         rankdir: Graphviz layout direction (``TB`` or ``LR``).
         max_label: blob labels longer than this are shortened with an ellipsis.
     """
-    proto: caffe2_pb2.NetDef = net.Proto() if hasattr(net, "Proto") else net
+    proto: caffe2_pb2.NetDef = proto_of(net)
     default = proto.device_option if proto.HasField("device_option") else None
     clusters: dict[str, list[str]] = {}
     edges: list[str] = []

@@ -29,6 +29,7 @@ import numpy as np
 
 from dpgraph.errors import DpgraphError, ExportError, MissingDependencyError
 from dpgraph.ir.arguments import arguments_dict
+from dpgraph.ir.proto_io import proto_of
 from dpgraph.proto import caffe2_pb2
 
 MIN_OPSET = 13
@@ -164,7 +165,7 @@ class OnnxBuilder:
 
 
 def _net_proto(net: Any) -> caffe2_pb2.NetDef:
-    proto = net.Proto() if hasattr(net, "Proto") else net
+    proto = proto_of(net)
     if not isinstance(proto, caffe2_pb2.NetDef):
         raise ExportError(f"expected a Net or NetDef, got {type(net).__name__}")
     return proto

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from dpgraph.errors import DpgraphError, ExportError, ProtoError
-from dpgraph.ir.proto_io import read_proto, write_proto
+from dpgraph.ir.proto_io import proto_of, read_proto, write_proto
 from dpgraph.proto import caffe2_pb2
 
 PREDICT_NET_FILE = "predict_net.pb"
@@ -44,7 +44,7 @@ FILL_OP_TYPES = frozenset({"GivenTensorFill", "GivenTensorDoubleFill", "GivenTen
 
 
 def _net_proto(net: Any) -> caffe2_pb2.NetDef:
-    proto = net.Proto() if hasattr(net, "Proto") else net
+    proto = proto_of(net)
     if not isinstance(proto, caffe2_pb2.NetDef):
         raise ExportError(f"expected a Net or NetDef, got {type(net).__name__}")
     return proto

@@ -10,6 +10,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from dpgraph.ir.proto_io import proto_of
 from dpgraph.proto import caffe2_pb2
 
 OpList = Sequence[caffe2_pb2.OperatorDef]
@@ -33,7 +34,7 @@ def get_ssa(net: Any, blob_versions: dict[str, int] | None = None
     blob read before it is written), so they can seed :func:`get_op_ids_in_path`.
     """
     versions: dict[str, int] = dict(blob_versions or {})
-    proto = net.Proto() if hasattr(net, "Proto") else net
+    proto = proto_of(net)
     external = list(proto.external_input) if isinstance(proto, caffe2_pb2.NetDef) else []
     for b in external:
         versions.setdefault(b, 0)
@@ -121,7 +122,7 @@ def get_op_ids_in_path(ssa: Sequence[tuple[list[Versioned], list[Versioned]]],
 
 def InferBlobDevices(net: Any) -> dict[str, caffe2_pb2.DeviceOption]:
     """``{output blob: device option of the (last) op that produces it}``."""
-    proto = net.Proto() if hasattr(net, "Proto") else net
+    proto = proto_of(net)
     default = proto.device_option if isinstance(proto, caffe2_pb2.NetDef) else None
     mapping: dict[str, caffe2_pb2.DeviceOption] = {}
     for op in _ops(net):

@@ -11,7 +11,6 @@ from typing import Any
 import numpy as np
 
 from dpgraph.errors import BlobNotFoundError, GradientError, NetError
-from dpgraph.ir import scope
 from dpgraph.ir.arguments import MakeArgument
 from dpgraph.ir.blob import BlobReference, ScopedBlobReference, ScopedName, blob_name
 from dpgraph.ir.device import DeviceOption, IsGPUDeviceType
@@ -457,10 +456,6 @@ class Net:
 
     def IsGPU(self) -> bool:
         return IsGPUDeviceType(self._net.device_option.device_type)
-
-    @property
-    def name_scope(self) -> str:  # convenience for debugging output
-        return scope.CurrentNameScope()
 
 
 def _creation_stack() -> list[str]:

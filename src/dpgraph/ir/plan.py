@@ -7,11 +7,8 @@ from typing import Any
 
 from dpgraph.errors import NetError
 from dpgraph.ir.blob import ScopedName
+from dpgraph.ir.proto_io import proto_of
 from dpgraph.proto import caffe2_pb2
-
-
-def _net_proto(net: Any) -> caffe2_pb2.NetDef:
-    return net.Proto() if hasattr(net, "Proto") else net
 
 
 class ExecutionStep:
@@ -67,7 +64,7 @@ class ExecutionStep:
 
     def SetReportNet(self, report_net: Any, report_interval: int) -> None:
         self._nets.append(report_net)
-        self._step.report_net = _net_proto(report_net).name
+        self._step.report_net = proto_of(report_net).name
         self._step.report_interval = report_interval
 
     def AddSubstep(self, substep: ExecutionStep) -> None:
@@ -85,7 +82,7 @@ class ExecutionStep:
             raise NetError(f"step {self._step.name!r} already has substeps; a step holds nets "
                            "or substeps, not both")
         self._nets.append(net)
-        self._step.network.append(_net_proto(net).name)
+        self._step.network.append(proto_of(net).name)
 
 
 class Plan:
@@ -108,7 +105,7 @@ class Plan:
 
     def AddNets(self, nets: Sequence[Any]) -> None:
         for net in nets:
-            proto = _net_proto(net)
+            proto = proto_of(net)
             if proto.name not in self._net_names:
                 self._net_names.add(proto.name)
                 self._plan.network.add().CopyFrom(proto)

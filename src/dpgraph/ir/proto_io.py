@@ -50,3 +50,8 @@ def write_proto(message: Any, path: str | os.PathLike[str]) -> None:
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
+
+
+def proto_of(obj: Any) -> Any:
+    """The protobuf behind a builder (``Net``, ``Plan``, ``ExecutionStep``) or ``obj`` itself."""
+    return obj.Proto() if hasattr(obj, "Proto") else obj

@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from dpgraph.errors import TextFormatError
+from dpgraph.ir.proto_io import proto_of
 from dpgraph.proto import caffe2_pb2
 
 _DEVICE_NAMES = {0: "cpu", 1: "gpu", 5: "ideep", 6: "hip"}
@@ -257,7 +258,7 @@ def parse_op(line: str) -> caffe2_pb2.OperatorDef:
 
 def format_net(net: Any) -> str:
     """The text form of a NetDef (or Net)."""
-    proto: caffe2_pb2.NetDef = net.Proto() if hasattr(net, "Proto") else net
+    proto: caffe2_pb2.NetDef = proto_of(net)
     header: dict[str, Any] = {}
     for field in ("type", "num_workers"):
         if proto.HasField(field):

@@ -6,6 +6,7 @@ from typing import Any
 
 from dpgraph.ir.analysis import InferBlobDevices
 from dpgraph.ir.device import CPU, IsGPUDeviceType, device_equal, effective_device
+from dpgraph.ir.proto_io import proto_of
 from dpgraph.proto import caffe2_pb2
 
 
@@ -37,7 +38,7 @@ def InjectCrossDeviceCopies(
     """
     from dpgraph.ir.net import Net
 
-    source = net.Proto() if hasattr(net, "Proto") else net
+    source = proto_of(net)
     devices = dict(blob_to_device or {})
     remap = dict(blob_remap or {})
     proto = caffe2_pb2.NetDef()

@@ -22,6 +22,7 @@ from typing import Any
 
 from dpgraph.errors import VerificationError
 from dpgraph.ir.device import device_key, device_name, effective_device
+from dpgraph.ir.proto_io import proto_of
 from dpgraph.ir.registry import OPERATORS
 from dpgraph.proto import caffe2_pb2
 
@@ -29,10 +30,6 @@ _DEVICE_SCOPE = re.compile(r"^(cpu|gpu|ideep)_(\d+)/")
 _GPU_TYPES = (caffe2_pb2.PROTO_CUDA, caffe2_pb2.PROTO_HIP)
 _CROSS_DEVICE_TYPES = frozenset({"Concat", "Copy", "CopyGPUToCPU", "CopyCPUToGPU",
                                  "EnsureCPUOutput", "CopyFromCPUInput"})
-
-
-def _proto(net: Any) -> caffe2_pb2.NetDef:
-    return net.Proto() if hasattr(net, "Proto") else net
 
 
 def _where(index: int, op: caffe2_pb2.OperatorDef) -> str:
@@ -100,7 +97,7 @@ def _device_problems(proto: caffe2_pb2.NetDef) -> list[str]:
 
 def verify_problems(net: Any, known_blobs: Iterable[str] = ()) -> list[str]:
     """Every problem found in ``net`` (a Net or NetDef), as readable strings."""
-    proto = _proto(net)
+    proto = proto_of(net)
     problems: list[str] = []
     for index, op in enumerate(proto.op):
         problems.extend(_schema_problems(index, op))
@@ -116,7 +113,7 @@ def verify(net: Any, known_blobs: Iterable[str] = ()) -> None:
     """
     problems = verify_problems(net, known_blobs)
     if problems:
-        name = _proto(net).name or "<unnamed>"
+        name = proto_of(net).name or "<unnamed>"
         listing = "\n  ".join(problems)
         raise VerificationError(f"net {name!r} has {len(problems)} problem(s):\n  {listing}",
                                 problems)

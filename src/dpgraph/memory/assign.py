@@ -15,6 +15,7 @@ import enum
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
+from dpgraph.ir.proto_io import proto_of
 from dpgraph.proto import caffe2_pb2
 
 
@@ -273,7 +274,7 @@ def collect_blob_sizes(net: Any) -> dict[str, int]:
     (0 for blobs the workspace does not hold)."""
     from dpgraph import workspace
 
-    proto = net.Proto() if hasattr(net, "Proto") else net
+    proto = proto_of(net)
     sizes: dict[str, int] = {}
     for op in proto.op:
         for b in list(op.input) + list(op.output):

@@ -33,6 +33,7 @@ from typing import Any
 
 from dpgraph.errors import MemongerError
 from dpgraph.ir.blob import GradientSlice
+from dpgraph.ir.proto_io import proto_of
 from dpgraph.ir.registry import OPERATORS
 from dpgraph.memory.assign import rename_blobs
 from dpgraph.memory.graph import hazard_ancestors, verify_graph_equality, verify_inplace_blobs
@@ -44,7 +45,7 @@ OpList = Sequence[caffe2_pb2.OperatorDef]
 
 def as_netdef(net: Any) -> caffe2_pb2.NetDef:
     """A deep copy of ``net`` (a Net or a NetDef) as a NetDef."""
-    proto = net.Proto() if hasattr(net, "Proto") else net
+    proto = proto_of(net)
     if not isinstance(proto, caffe2_pb2.NetDef):
         raise MemongerError(f"Expected a Net or NetDef, got {type(net).__name__}.")
     result = caffe2_pb2.NetDef()

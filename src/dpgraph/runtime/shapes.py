@@ -22,6 +22,7 @@ import numpy as np
 
 from dpgraph.ir.arguments import arguments_dict
 from dpgraph.ir.device import effective_device
+from dpgraph.ir.proto_io import proto_of
 from dpgraph.ir.registry import OPERATORS
 from dpgraph.proto import caffe2_pb2
 from dpgraph.runtime import devices
@@ -122,7 +123,7 @@ def infer_shapes_and_types(nets: Iterable[Any], workspace: Any = None,
     """``({blob: dims}, {blob: TensorProto.DataType})`` for every blob whose shape is known."""
     shapes, types = _initial(workspace, blob_dimensions, blob_types)
     for net in nets:
-        proto = net.Proto() if hasattr(net, "Proto") else net
+        proto = proto_of(net)
         default = proto.device_option if proto.HasField("device_option") else None
         for op in proto.op:
             if default is not None and not op.HasField("device_option"):
