@@ -26,9 +26,14 @@ FLOAT16: int = _TensorProto.FLOAT16
 
 
 # --- host copies -------------------------------------------------------------------------
+def is_array(value: Any) -> bool:
+    """True for numpy arrays and for CuPy arrays (recognised without importing CuPy)."""
+    return isinstance(value, np.ndarray) or type(value).__module__.startswith("cupy")
+
+
 def to_host(value: Any) -> Any:
     """``value`` copied off the GPU when it is a CuPy array; any other value unchanged."""
-    return value.get() if hasattr(value, "get") and not isinstance(value, np.ndarray) else value
+    return value.get() if type(value).__module__.startswith("cupy") else value
 
 
 def host(value: Any) -> Any:

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from dpgraph.ir.registry import OPERATORS, register_gradient, register_op
+from dpgraph.ops._common import is_array, to_host
 from dpgraph.ops.context import OpContext, Outputs
 from dpgraph.ops.gradient_builder import GradientBuilder
 
@@ -24,16 +25,6 @@ DeviceKey = tuple[int, int]
 #: gives the device of each output (default: the op's own device).
 OUTPUT_PLACEMENT = "output_placement"
 CPU_KEY: DeviceKey = (0, 0)
-
-
-def is_array(value: Any) -> bool:
-    """True for numpy arrays and for CuPy arrays (recognised without importing CuPy)."""
-    return isinstance(value, np.ndarray) or type(value).__module__.startswith("cupy")
-
-
-def to_host(value: Any) -> Any:
-    """A numpy copy of a CuPy array; anything else unchanged."""
-    return value.get() if type(value).__module__.startswith("cupy") else value
 
 
 def _same_shape(op: Any, in_shapes: list[Any], in_types: list[Any]) -> list[Any]:
