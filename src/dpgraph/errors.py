@@ -189,8 +189,42 @@ class RendezvousError(CollectiveError):
     """The rendezvous description is incomplete or ranks disagree about it."""
 
 
+class CollectiveMismatchError(CollectiveError):
+    """Ranks would issue different collectives (order, blobs, shapes, dtypes or reduction);
+    raised on every rank, naming the first differing collective and the ranks that differ."""
+
+
 class MissingDependencyError(DpgraphError, ImportError):
     """An optional dependency is not installed; the message says what to install."""
+
+
+# --- data input and persistence ------------------------------------------------------------
+class DBError(DpgraphError, RuntimeError):
+    """A database could not be opened, read or written (missing path, wrong type, closed);
+    the message names the DB type, the path and, where there is one, the key."""
+
+
+class CorruptDataError(DBError, ValueError):
+    """A file or record is truncated, corrupt or of the wrong type (a DB file, a serialized
+    blob, a checkpoint); the message names the file, the key and the blob."""
+
+
+class SerializationError(DpgraphError, ValueError):
+    """A blob could not be serialized or deserialized (unsupported dtype, bad TensorProto)."""
+
+
+class DataInputError(DpgraphError, RuntimeError):
+    """A data input pipeline failed (a fetcher raised, an image could not be decoded, a
+    worker stopped); the message names the input source and the blob."""
+
+
+class ResourceLimitError(DpgraphError, MemoryError):
+    """A file or message declares more than the configured limit allows (a huge tensor, a
+    deeply nested structure); refused before any memory is allocated."""
+
+
+class CommandError(DpgraphError, RuntimeError):
+    """A ``dpgraph`` command-line subcommand failed on its input (unreadable or wrong file)."""
 
 
 # --- export --------------------------------------------------------------------------------

@@ -8,7 +8,8 @@ import importlib
 _FAMILIES = (
     "fill", "math", "reduction", "activation", "nn", "norm", "loss", "shape", "utility", "optim",
     "learning_rate", "sparse", "queue", "device_copy", "collective", "distributed", "sequence",
-    "image", "text", "python_op", "detection", "proposals",
+    "image", "text", "python_op", "detection", "proposals", "detectron", "db", "persist",
+    "image_input", "control", "recurrent", "rnn_units", "optim_adaptive", "index",
 )
 
 for _family in _FAMILIES:

@@ -1,0 +1,1 @@
+"""Control-flow operators: If, While, Do and their gradients."""

@@ -1,0 +1,1 @@
+"""DB operators: CreateDB, DBExists, TensorProtosDBInput."""

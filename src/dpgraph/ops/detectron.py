@@ -1,0 +1,1 @@
+"""Detectron's own operators (UpsampleNearest, SelectSmoothL1Loss, RoIPoolF, PSRoIPool, GroupSpatialSoftmax, SampleAs, ZeroEven)."""

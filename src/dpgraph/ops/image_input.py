@@ -1,0 +1,1 @@
+"""The ImageInput operator: decode, resize, crop, mirror, colour and normalise images from a DB."""

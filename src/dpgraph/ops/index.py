@@ -1,0 +1,1 @@
+"""Index operators (IntIndexCreate, StringIndexCreate, IndexGet, IndexLoad, IndexStore, IndexFreeze, IndexSize)."""

@@ -1,0 +1,1 @@
+"""Persistence operators: Save, Load, Checkpoint."""

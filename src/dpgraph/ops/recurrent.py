@@ -1,0 +1,1 @@
+"""The RecurrentNetwork operator and its gradient."""

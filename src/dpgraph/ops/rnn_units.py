@@ -1,0 +1,1 @@
+"""Recurrent cell operators: LSTMUnit, GRUUnit and their gradients."""
