@@ -150,3 +150,9 @@ def test_module_runner_with_dash_m(tmp_path: Path) -> None:
                          capture_output=True, text=True, timeout=120, env=env)
     assert out.returncode == 0, out.stderr
     assert "MOD ['z'] dpgraph.workspace" in out.stdout
+
+
+def test_every_caffe2_proto_module_maps_to_dpgraph_proto() -> None:
+    assert alias.target_of("caffe2.proto.metanet_pb2") == "dpgraph.proto.metanet_pb2"
+    assert alias.target_of("caffe2.proto.predictor_consts_pb2") == (
+        "dpgraph.proto.predictor_consts_pb2")

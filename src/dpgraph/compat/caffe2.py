@@ -27,7 +27,7 @@ from typing import Any
 
 _PACKAGES = ("caffe2", "caffe2.python", "caffe2.proto")
 _SPECIAL = {
-    "caffe2.proto.caffe2_pb2": "dpgraph.proto.caffe2_pb2",
+    "caffe2.proto": "dpgraph.proto",
     "caffe2.python.helpers": "dpgraph.modeling.brew",
     "caffe2.python.modeling": "dpgraph.modeling",
 }
