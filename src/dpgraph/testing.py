@@ -21,64 +21,24 @@ from __future__ import annotations
 import difflib
 import os
 import re
-from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from dpgraph.ir.device import device_name, effective_device
+from dpgraph.ir.analysis import collectives, count_ops, is_collective, op_types, ops_by_device
 from dpgraph.ir.proto_io import proto_of
 from dpgraph.ir.registry import OPERATORS
 from dpgraph.ir.text import format_net, format_op
 from dpgraph.proto import caffe2_pb2
 
+__all__ = [
+    "UPDATE_ENV", "assert_matches_snapshot", "assert_nets_equal", "collectives", "count_ops",
+    "describe_ops", "is_collective", "op_types", "ops_by_device", "registered_op_types",
+]
+
 UPDATE_ENV = "DPGRAPH_UPDATE_SNAPSHOTS"
 # ``gpu_3/`` scopes, ``gpu:3`` and Caffe2's per-device names such as ``SgdOptimizer_0_lr_gpu3``.
 _DEVICE_ID = re.compile(r"(?<![A-Za-z0-9])(gpu|cpu|ideep|hip)([_:]?)(\d+)(?![0-9])")
-_COLLECTIVE_TYPES = frozenset({
-    "Allreduce", "Broadcast", "Reduce", "Allgather", "ReduceScatter", "Barrier",
-    "NCCLAllreduce", "NCCLBroadcast", "NCCLReduce", "NCCLAllGather", "NCCLReduceScatter",
-    "CreateCommonWorld", "CloneCommonWorld", "DestroyCommonWorld",
-})
-
-
-def is_collective(op: caffe2_pb2.OperatorDef) -> bool:
-    """True for communication ops: NCCL*, Gloo collectives, and Parallelize's ``dpm`` Sum."""
-    return op.type in _COLLECTIVE_TYPES or (op.type == "Sum" and op.name == "dpm")
-
-
-def collectives(net: Any) -> list[caffe2_pb2.OperatorDef]:
-    """The communication ops of ``net``, in order."""
-    return [op for op in proto_of(net).op if is_collective(op)]
-
-
-def _op_device(op: caffe2_pb2.OperatorDef, proto: caffe2_pb2.NetDef) -> str:
-    default = proto.device_option if proto.HasField("device_option") else None
-    return device_name(effective_device(op, default))
-
-
-def ops_by_device(net: Any) -> dict[str, list[caffe2_pb2.OperatorDef]]:
-    """``{'cpu_0': [ops...], 'gpu_1': [...]}`` in op order."""
-    proto = proto_of(net)
-    grouped: dict[str, list[caffe2_pb2.OperatorDef]] = {}
-    for op in proto.op:
-        grouped.setdefault(_op_device(op, proto), []).append(op)
-    return grouped
-
-
-def count_ops(net: Any, type: str | None = None, device: str | None = None) -> int:
-    """How many ops of ``type`` (any if None) run on ``device`` (e.g. ``'gpu_1'``)."""
-    proto = proto_of(net)
-    return sum(1 for op in proto.op
-               if (type is None or op.type == type)
-               and (device is None or _op_device(op, proto) == device))
-
-
-def op_types(net: Any) -> Counter[str]:
-    """``Counter`` of op types."""
-    return Counter(op.type for op in proto_of(net).op)
-
-
 def _normalised(net: Any, ignore_names: bool, ignore_device_ids: bool,
                 ignore_arg_order: bool) -> caffe2_pb2.NetDef:
     proto = caffe2_pb2.NetDef()

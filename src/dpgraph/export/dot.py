@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from dpgraph.errors import ExportError, MissingDependencyError
+from dpgraph.ir.analysis import is_collective
 from dpgraph.ir.device import device_name, effective_device
 from dpgraph.ir.proto_io import proto_of
 from dpgraph.proto import caffe2_pb2
-from dpgraph.testing import is_collective
 
 _OP_STYLE = 'shape=box, style="rounded,filled", fillcolor="#dbe9f6"'
 _COLLECTIVE_STYLE = 'shape=box, style="rounded,filled,bold", fillcolor="#f6c342"'

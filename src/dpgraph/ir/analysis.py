@@ -1,4 +1,6 @@
-"""Pure analyses of NetDefs: SSA versions, use-def chains, producers, blob devices.
+"""Pure analyses of NetDefs: SSA versions, use-def chains, producers, blob devices, op
+properties (read from the one table: the flags on :class:`~dpgraph.ir.registry.OpSchema`)
+and the structural counts users' graph tests ask for (re-exported by ``dpgraph.testing``).
 
 Nothing here is cached: every function recomputes from the protos it is given, so the
 results stay right however the net was mutated.
@@ -6,11 +8,13 @@ results stay right however the net was mutated.
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from dpgraph.ir.device import device_name, effective_device
 from dpgraph.ir.proto_io import proto_of
+from dpgraph.ir.registry import OPERATORS, OpSchema
 from dpgraph.proto import caffe2_pb2
 
 OpList = Sequence[caffe2_pb2.OperatorDef]
@@ -196,3 +200,80 @@ def InferOpBlobDevicesAsDict(op: caffe2_pb2.OperatorDef
     """:func:`InferOpBlobDevices` keyed by blob name: ``({input: dev}, {output: dev})``."""
     inputs, outputs = InferOpBlobDevices(op)
     return dict(zip(op.input, inputs, strict=True)), dict(zip(op.output, outputs, strict=True))
+
+
+# --- op properties: the flags on OpSchema ---------------------------------------------------
+OpOrType = caffe2_pb2.OperatorDef | str
+
+
+def _schema(op_or_type: OpOrType) -> OpSchema | None:
+    return OPERATORS.get(op_or_type if isinstance(op_or_type, str) else op_or_type.type)
+
+
+def _is_dpm_sum(op_or_type: OpOrType) -> bool:
+    """Parallelize's CPU all-reduce: a ``Sum`` named ``dpm`` (an op, not a bare type)."""
+    return not isinstance(op_or_type, str) and op_or_type.type == "Sum" \
+        and op_or_type.name == "dpm"
+
+
+def is_collective(op_or_type: OpOrType) -> bool:
+    """True for communication ops (schema flag ``collective``: NCCL*, Gloo collectives,
+    common worlds, Barrier) and, given an op, for Parallelize's ``dpm`` Sum."""
+    schema = _schema(op_or_type)
+    return (schema is not None and schema.collective) or _is_dpm_sum(op_or_type)
+
+
+def is_cross_device(op_or_type: OpOrType) -> bool:
+    """True when the runtime lets the op read blobs on any device (copies, collectives)."""
+    schema = _schema(op_or_type)
+    return schema is not None and schema.cross_device
+
+
+def has_side_effects(op_or_type: OpOrType) -> bool:
+    """True for ops no pass may drop (collectives, Iter, Print, queues)."""
+    schema = _schema(op_or_type)
+    return schema is not None and schema.side_effects
+
+
+def may_name_other_devices(op_or_type: OpOrType) -> bool:
+    """True when an op on one GPU may name another GPU's blobs: cross-device ops, peer
+    readers (Concat gathering sparse gradients) and collectives (incl. the ``dpm`` Sum)."""
+    schema = _schema(op_or_type)
+    if schema is not None and (schema.cross_device or schema.peer_inputs or schema.collective):
+        return True
+    return _is_dpm_sum(op_or_type)
+
+
+# --- structural counts (re-exported by dpgraph.testing) -------------------------------------
+def collectives(net: Any) -> list[caffe2_pb2.OperatorDef]:
+    """The communication ops of ``net``, in order."""
+    return [op for op in _ops(net) if is_collective(op)]
+
+
+def op_device_name(op: caffe2_pb2.OperatorDef, proto: Any = None) -> str:
+    """``'gpu_1'``: the device an op runs on (its own option, else the net's)."""
+    default = proto.device_option if isinstance(proto, caffe2_pb2.NetDef) and \
+        proto.HasField("device_option") else None
+    return device_name(effective_device(op, default))
+
+
+def ops_by_device(net: Any) -> dict[str, list[caffe2_pb2.OperatorDef]]:
+    """``{'cpu_0': [ops...], 'gpu_1': [...]}`` in op order."""
+    proto = proto_of(net)
+    grouped: dict[str, list[caffe2_pb2.OperatorDef]] = {}
+    for op in _ops(net):
+        grouped.setdefault(op_device_name(op, proto), []).append(op)
+    return grouped
+
+
+def count_ops(net: Any, type: str | None = None, device: str | None = None) -> int:
+    """How many ops of ``type`` (any if None) run on ``device`` (e.g. ``'gpu_1'``)."""
+    proto = proto_of(net)
+    return sum(1 for op in _ops(net)
+               if (type is None or op.type == type)
+               and (device is None or op_device_name(op, proto) == device))
+
+
+def op_types(net: Any) -> Counter[str]:
+    """``Counter`` of op types."""
+    return Counter(op.type for op in _ops(net))

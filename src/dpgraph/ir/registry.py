@@ -46,7 +46,13 @@ class OpSchema:
         kernel: ``fn(ctx) -> outputs`` run by the executors.
         gradient: gradient maker (see :mod:`dpgraph.autodiff`); ``None`` = no gradient.
         shape_fn: ``fn(op, input_shapes, input_types) -> [(shape, dtype) | None, ...]``.
-        cross_device: the op may read blobs living on other devices (copies, collectives).
+        cross_device: the op may read blobs living on other devices (copies, collectives);
+            the runtime skips its placement check.
+        collective: a communication op (NCCL*, Gloo collectives, common worlds, Barrier):
+            drawn highlighted, counted by ``testing.collectives``, kept in order by passes.
+        peer_inputs: the op may name blobs of another GPU, read through peer access
+            (Parallelize gathers sparse gradients with Concat); the verifier and
+            Parallelize's operator analysis allow it, the runtime still checks peer access.
         inputs_from_outputs: outputs whose previous value the kernel reads (``Iter``).
     """
 
@@ -62,6 +68,8 @@ class OpSchema:
     gradient_copies_arguments: bool = True
     shape_fn: ShapeFn | None = None
     cross_device: bool = False
+    collective: bool = False
+    peer_inputs: bool = False
     doc: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -138,8 +146,11 @@ def register_op(
     shape: ShapeFn | None = None,
     cross_device: bool = False,
     doc: str = "",
+    collective: bool = False,
+    peer_inputs: bool = False,
 ) -> Callable[[Kernel], Kernel]:
-    """Decorator registering a kernel together with its op schema."""
+    """Decorator registering a kernel together with its op schema (see :class:`OpSchema`
+    for the flags)."""
     min_in, max_in = _arity_range(inputs)
     min_out, max_out = _arity_range(outputs)
 
@@ -149,7 +160,8 @@ def register_op(
             max_outputs=max_out,
             inplace=inplace if isinstance(inplace, str) else frozenset(inplace),
             side_effects=side_effects, kernel=kernel, shape_fn=shape,
-            cross_device=cross_device, doc=doc or (kernel.__doc__ or "").strip(),
+            cross_device=cross_device, collective=collective, peer_inputs=peer_inputs,
+            doc=doc or (kernel.__doc__ or "").strip(),
         ))
         return kernel
 

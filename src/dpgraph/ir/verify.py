@@ -6,8 +6,8 @@ Checks, reporting every problem at once (op index, type and blob in each message
 - inputs read before any op writes them and that are not external inputs (only when the net
   declares external inputs, as Caffe2's net creation does), and undefined external outputs;
 - an op on one GPU touching a blob in another GPU's name scope (``gpu_1/...`` read by an op
-  on ``gpu_0``), except for ops allowed to cross devices (copies, collectives, Concat, and
-  Parallelize's ``dpm`` Sum).  CPU ops are not checked: every CPU device option shares host
+  on ``gpu_0``), except for ops allowed to (:func:`dpgraph.ir.analysis.may_name_other_devices`:
+  copies, collectives, peer readers such as Concat, and Parallelize's ``dpm`` Sum).  CPU ops are not checked: every CPU device option shares host
   memory, and Parallelize's CPU all-reduce sums ``cpu_<k>/`` blobs on the first device.
   Name scopes are taken as placements only for a GPU whose own scope the net uses: a
   predictor extracted for ``gpu:1`` keeps its ``gpu_0/`` names (as Caffe2's
@@ -21,6 +21,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from dpgraph.errors import VerificationError
+from dpgraph.ir.analysis import may_name_other_devices
 from dpgraph.ir.device import device_key, device_name, effective_device
 from dpgraph.ir.proto_io import proto_of
 from dpgraph.ir.registry import OPERATORS
@@ -28,8 +29,6 @@ from dpgraph.proto import caffe2_pb2
 
 _DEVICE_SCOPE = re.compile(r"^(cpu|gpu|ideep)_(\d+)/")
 _GPU_TYPES = (caffe2_pb2.PROTO_CUDA, caffe2_pb2.PROTO_HIP)
-_CROSS_DEVICE_TYPES = frozenset({"Concat", "Copy", "CopyGPUToCPU", "CopyCPUToGPU",
-                                 "EnsureCPUOutput", "CopyFromCPUInput"})
 
 
 def _where(index: int, op: caffe2_pb2.OperatorDef) -> str:
@@ -59,13 +58,6 @@ def _definition_problems(proto: caffe2_pb2.NetDef, known: set[str]) -> list[str]
     return problems
 
 
-def _crosses_devices(op: caffe2_pb2.OperatorDef) -> bool:
-    schema = OPERATORS.get(op.type)
-    if schema is not None and schema.cross_device:
-        return True
-    return op.type in _CROSS_DEVICE_TYPES or (op.type == "Sum" and op.name == "dpm")
-
-
 def blob_device_scope(blob: str) -> tuple[str, int] | None:
     """``('gpu', 1)`` for ``gpu_1/fc_w``; ``None`` for an unscoped blob."""
     match = _DEVICE_SCOPE.match(blob)
@@ -77,7 +69,7 @@ def _device_problems(proto: caffe2_pb2.NetDef) -> list[str]:
     scopes = {blob_device_scope(blob) for op in proto.op for blob in [*op.input, *op.output]}
     problems: list[str] = []
     for index, op in enumerate(proto.op):
-        if _crosses_devices(op):
+        if may_name_other_devices(op):
             continue
         device = effective_device(op, default)
         device_type, device_id = device_key(device)

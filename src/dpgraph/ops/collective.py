@@ -3,7 +3,7 @@ NCCLAllGather.
 
 Inputs are the per-device copies (input ``k`` lives on device ``k``); output ``k`` is written
 on the device of input ``k`` (NCCLReduce: on the root's device).  These ops are
-``cross_device`` and have side effects.  Reductions add the inputs in input order, so the
+``cross_device``, ``collective`` and have side effects.  Reductions add the inputs in input order, so the
 result does not depend on the executor.
 """
 
@@ -62,7 +62,7 @@ def _same_as_inputs(op: Any, in_shapes: list[Any], in_types: list[Any]) -> list[
 
 
 @register_op("NCCLAllreduce", inputs=(1, _MAX), outputs=(1, _MAX), inplace="any",
-             side_effects=True, cross_device=True, shape=_same_as_inputs)
+             side_effects=True, cross_device=True, collective=True, shape=_same_as_inputs)
 def nccl_allreduce(ctx: OpContext) -> Outputs:
     """Every output k = sum of all inputs, on the device of input k."""
     if ctx.num_outputs != ctx.num_inputs:
@@ -72,7 +72,7 @@ def nccl_allreduce(ctx: OpContext) -> Outputs:
 
 
 @register_op("NCCLBroadcast", inputs=(1, _MAX), outputs=(1, _MAX), inplace="any",
-             side_effects=True, cross_device=True, shape=_same_as_inputs)
+             side_effects=True, cross_device=True, collective=True, shape=_same_as_inputs)
 def nccl_broadcast(ctx: OpContext) -> Outputs:
     """Every output k = input[root] (arg root, default 0), on the device of input k."""
     if ctx.num_outputs != ctx.num_inputs:
@@ -83,7 +83,7 @@ def nccl_broadcast(ctx: OpContext) -> Outputs:
 
 
 @register_op("NCCLReduce", inputs=(1, _MAX), outputs=1, inplace=[(0, 0)],
-             side_effects=True, cross_device=True)
+             side_effects=True, cross_device=True, collective=True)
 def nccl_reduce(ctx: OpContext) -> Outputs:
     """The sum of all inputs, on the device of input[root]."""
     total = _sum(ctx)
@@ -91,7 +91,7 @@ def nccl_reduce(ctx: OpContext) -> Outputs:
 
 
 @register_op("NCCLAllGather", inputs=(1, _MAX), outputs=(1, _MAX), side_effects=True,
-             cross_device=True)
+             cross_device=True, collective=True)
 def nccl_all_gather(ctx: OpContext) -> Outputs:
     """Every output k = the inputs stacked along a new leading axis, on input k's device."""
     if ctx.num_outputs != ctx.num_inputs:

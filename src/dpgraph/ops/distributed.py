@@ -70,7 +70,7 @@ def tcp_store_handler_create(ctx: OpContext) -> Outputs:
 
 
 # --- common worlds ------------------------------------------------------------------------
-@register_op("CreateCommonWorld", inputs=(0, 1), outputs=1, side_effects=True)
+@register_op("CreateCommonWorld", inputs=(0, 1), outputs=1, side_effects=True, collective=True)
 def create_common_world(ctx: OpContext) -> Outputs:
     """A common world of ``size`` ranks, this one being ``rank``, met through the store handler
     input; ``engine`` (default GLOO) picks the backend, ``timeout_ms`` (default 30 s) bounds
@@ -103,14 +103,14 @@ def _world(ctx: OpContext) -> BaseBackend:
     return world  # type: ignore[return-value]
 
 
-@register_op("CloneCommonWorld", inputs=1, outputs=1, side_effects=True)
+@register_op("CloneCommonWorld", inputs=1, outputs=1, side_effects=True, collective=True)
 def clone_common_world(ctx: OpContext) -> Outputs:
     """A new common world with the same ranks and settings as the input one."""
     return (_world(ctx).clone(ctx.output_name(0)),)
 
 
 @register_op("DestroyCommonWorld", inputs=1, outputs=(0, 1), inplace=[(0, 0)],
-             side_effects=True)
+             side_effects=True, collective=True)
 def destroy_common_world(ctx: OpContext) -> Outputs:
     """Release a common world; collectives on it raise afterwards."""
     world = _world(ctx)
@@ -159,7 +159,7 @@ def _root(ctx: OpContext, world: BaseBackend) -> int:
 
 
 @register_op("Allreduce", inputs=(2, None), outputs=(1, None), inplace=_SHIFTED_INPLACE,
-             side_effects=True, cross_device=True)
+             side_effects=True, cross_device=True, collective=True)
 def allreduce(ctx: OpContext) -> Outputs:
     """Sum every local copy across devices and ranks, into every copy."""
     world = _world(ctx)
@@ -168,7 +168,7 @@ def allreduce(ctx: OpContext) -> Outputs:
 
 
 @register_op("Broadcast", inputs=(2, None), outputs=(1, None), inplace=_SHIFTED_INPLACE,
-             side_effects=True, cross_device=True)
+             side_effects=True, cross_device=True, collective=True)
 def broadcast(ctx: OpContext) -> Outputs:
     """Copy the first local copy of rank ``root`` to every copy on every rank."""
     world = _world(ctx)
@@ -177,7 +177,7 @@ def broadcast(ctx: OpContext) -> Outputs:
 
 
 @register_op("Reduce", inputs=(2, None), outputs=(1, None), inplace=_SHIFTED_INPLACE,
-             side_effects=True, cross_device=True)
+             side_effects=True, cross_device=True, collective=True)
 def reduce(ctx: OpContext) -> Outputs:
     """Sum into the copies of rank ``root``; other ranks' copies keep their values."""
     world = _world(ctx)
@@ -185,7 +185,7 @@ def reduce(ctx: OpContext) -> Outputs:
     return tuple(world.reduce(_buffers(ctx), _root(ctx, world), _seconds(ctx, None)))
 
 
-@register_op("Allgather", inputs=(2, None), outputs=1, side_effects=True, cross_device=True)
+@register_op("Allgather", inputs=(2, None), outputs=1, side_effects=True, cross_device=True, collective=True)
 def allgather(ctx: OpContext) -> Outputs:
     """Stack the local copies of every rank: ``(size * copies, *shape)``, rank-major."""
     world = _world(ctx)
@@ -194,7 +194,7 @@ def allgather(ctx: OpContext) -> Outputs:
 
 
 @register_op("ReduceScatter", inputs=(2, None), outputs=(1, None), side_effects=True,
-             cross_device=True)
+             cross_device=True, collective=True)
 def reduce_scatter(ctx: OpContext) -> Outputs:
     """The sum over copies and ranks, of which this rank keeps rows
     ``[rank * n / size, (rank + 1) * n / size)``: one output per local copy."""
@@ -204,7 +204,7 @@ def reduce_scatter(ctx: OpContext) -> Outputs:
     return tuple(world.reduce_scatter(copies, _seconds(ctx, None)))
 
 
-@register_op("Barrier", inputs=1, outputs=0, side_effects=True)
+@register_op("Barrier", inputs=1, outputs=0, side_effects=True, collective=True)
 def barrier(ctx: OpContext) -> Outputs:
     """Wait until every rank of the common world reaches this barrier."""
     _world(ctx).barrier(_seconds(ctx, None))

@@ -232,7 +232,7 @@ def _concat_infer(op: Any, in_shapes: Sequence[Any], in_types: Sequence[Any]) ->
     return [(tuple(shape), in_types[0]), split_info][:len(op.output)]
 
 
-@register_op("Concat", inputs=(1, None), outputs=(1, 2), shape=_concat_infer)
+@register_op("Concat", inputs=(1, None), outputs=(1, 2), shape=_concat_infer, peer_inputs=True)
 def concat(ctx: OpContext) -> Outputs:
     """[X0, X1, ...] -> [concatenated, split_info int32 (sizes along axis)]."""
     xp = ctx.xp
@@ -312,7 +312,8 @@ def _concat_of_output_grads(g: GradientBuilder) -> None:
 register_gradient("Split")(_concat_of_output_grads)
 
 # Caffe2's backward-compatible names.
-register_op("DepthConcat", inputs=(1, None), outputs=(1, 2), shape=_concat_infer)(concat)
+register_op("DepthConcat", inputs=(1, None), outputs=(1, 2), shape=_concat_infer,
+            peer_inputs=True)(concat)
 register_op("DepthSplit", inputs=(1, 2), outputs=(1, None))(split)
 register_gradient("DepthConcat")(_concat_gradient)
 register_gradient("DepthSplit")(_concat_of_output_grads)
