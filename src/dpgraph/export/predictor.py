@@ -40,7 +40,8 @@ _FILL_FOR_DTYPE: dict[Any, tuple[str, str]] = {
 #: Init-net op types that :func:`evaluate_init_net` / the ONNX exporter understand.
 FILL_OP_TYPES = frozenset({"GivenTensorFill", "GivenTensorDoubleFill", "GivenTensorIntFill",
                            "GivenTensorInt64Fill", "GivenTensorBoolFill",
-                           "GivenTensorStringFill", "ConstantFill"})
+                           "GivenTensorStringFill", "GivenTensorByteStringToUInt8Fill",
+                           "ConstantFill"})
 
 
 def _net_proto(net: Any) -> caffe2_pb2.NetDef:
@@ -60,6 +61,10 @@ def fill_op(name: str, value: Any) -> caffe2_pb2.OperatorDef:
     shape.ints.extend(int(d) for d in array.shape)
     values = op.arg.add()
     values.name = "values"
+    if array.dtype == np.uint8:  # Caffe2 packs uint8 tensors into one byte string
+        op.type = "GivenTensorByteStringToUInt8Fill"
+        values.strings.append(array.tobytes())
+        return op
     if array.dtype.kind in "SUO":
         op.type = "GivenTensorStringFill"
         values.strings.extend(v if isinstance(v, bytes) else str(v).encode("utf-8")

@@ -1,0 +1,1 @@
+"""Caffe2's ``predictor`` package: predictor_exporter, predictor_py_utils, mobile_exporter, serde."""
