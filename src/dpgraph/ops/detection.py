@@ -126,6 +126,12 @@ def _log1p_exp_neg_abs(xp: Any, x: Any) -> Any:
     return xp.log1p(xp.exp(-xp.abs(x)))
 
 
+def _sigmoid(xp: Any, x: Any) -> Any:
+    """1 / (1 + exp(-x)) without overflow: exp is only taken of -|x|."""
+    e = xp.exp(-xp.abs(x))
+    return xp.where(x >= 0, 1 / (1 + e), e / (1 + e))
+
+
 @register_op("SigmoidCrossEntropyLoss", inputs=2, outputs=1, shape=_scalar_shape)
 def sigmoid_cross_entropy_loss(ctx: OpContext) -> Outputs:
     """[X (logits), targets (int, -1 = ignore)] -> loss, the summed binary cross entropy
@@ -155,7 +161,7 @@ def sigmoid_cross_entropy_loss_gradient(ctx: OpContext) -> Outputs:
     targets = _sigmoid_xent_targets(ctx)
     valid = targets != -1
     factor = _sigmoid_xent_scale(ctx, valid) * scalar_value(ctx.inputs[2])
-    dx = xp.where(valid, 1 / (1 + xp.exp(-x)) - targets.astype(x.dtype), 0) * factor
+    dx = xp.where(valid, _sigmoid(xp, x) - targets.astype(x.dtype), 0) * factor
     return (dx.astype(x.dtype, copy=False),)
 
 
@@ -214,11 +220,11 @@ def _with_logits_backward(ctx: OpContext, weighted: bool) -> Outputs:
     if lgt.size == 0:
         return (xp.zeros_like(lgt),)
     if unjoined:
-        back = tgt - (1 - tgt) / (1 + xp.exp(-lgt))
+        back = tgt - (1 - tgt) * _sigmoid(xp, lgt)
     elif log_d_trick:
-        back = (2 * tgt - 1) / (1 + xp.exp(lgt))
+        back = (2 * tgt - 1) * _sigmoid(xp, -lgt)
     else:
-        back = tgt - 1 / (1 + xp.exp(-lgt))
+        back = tgt - _sigmoid(xp, lgt)
     if weighted:
         back = back * xp.asarray(ctx.inputs[3]).astype(lgt.dtype, copy=False)
     factor = (-g.reshape(-1, 1).astype(lgt.dtype) / inner)
@@ -614,6 +620,7 @@ def spatial_narrow_as_gradient(ctx: OpContext) -> Outputs:
 
 # --- Focal losses (RetinaNet) ----------------------------------------------------------------
 _FLT_MIN = float(np.finfo(np.float32).tiny)
+_LOG_FLT_MIN = float(np.log(_FLT_MIN))
 
 
 class _FocalParams:
@@ -653,7 +660,13 @@ def _sigmoid_focal_terms(ctx: OpContext, fp: _FocalParams) -> tuple[Any, Any, An
     negative = (t != -1) & ~positive
     zp = positive * x.dtype.type(fp.alpha / fp.normalizer)
     zn = negative * x.dtype.type((1 - fp.alpha) / fp.normalizer)
-    return x, 1 / (1 + xp.exp(-x)), zp, zn
+    return x, _sigmoid(xp, x), zp, zn
+
+
+def _clamped_log_sigmoid(xp: Any, x: Any) -> Any:
+    """log(max(sigmoid(x), FLT_MIN)) as Caffe2 computes it, without forming sigmoid(x):
+    log(sigmoid(x)) = -(max(-x, 0) + log(1 + exp(-|x|)))."""
+    return xp.maximum(-(xp.maximum(-x, 0) + _log1p_exp_neg_abs(xp, x)), _LOG_FLT_MIN)
 
 
 @register_op("SigmoidFocalLoss", inputs=3, outputs=1, shape=_scalar_shape)
@@ -664,7 +677,7 @@ def sigmoid_focal_loss(ctx: OpContext) -> Outputs:
     xp = ctx.xp
     fp = _FocalParams(ctx, 80)
     x, p, zp, zn = _sigmoid_focal_terms(ctx, fp)
-    term1 = (1 - p) ** fp.gamma * xp.log(xp.maximum(p, _FLT_MIN))
+    term1 = (1 - p) ** fp.gamma * _clamped_log_sigmoid(xp, x)
     term2 = p ** fp.gamma * _log_one_minus_sigmoid(xp, x)
     loss = -(zp * term1 + zn * term2).sum() * fp.scale
     return (xp.asarray(loss, dtype=x.dtype),)
@@ -682,7 +695,7 @@ def sigmoid_focal_loss_gradient(ctx: OpContext) -> Outputs:
     fp = _FocalParams(ctx, 80)
     x, p, zp, zn = _sigmoid_focal_terms(ctx, fp)
     g = fp.gamma
-    term1 = (1 - p) ** g * (1 - p - p * g * xp.log(xp.maximum(p, _FLT_MIN)))
+    term1 = (1 - p) ** g * (1 - p - p * g * _clamped_log_sigmoid(xp, x))
     term2 = p ** g * (_log_one_minus_sigmoid(xp, x) * (1 - p) * g - p)
     factor = x.dtype.type(fp.scale * scalar_value(ctx.inputs[3]))
     dx = -(zp * term1 + zn * term2) * factor
@@ -736,7 +749,11 @@ def softmax_focal_loss_gradient(ctx: OpContext) -> Outputs:
     p_t, z, safe = _softmax_focal_parts(ctx, fp, probs)
     g = fp.gamma
     one_m = 1 - p_t
-    buff = (-(one_m ** g) + g * one_m ** (g - 1) * p_t * xp.log(xp.maximum(p_t, _FLT_MIN))) * z
+    # g (1 - p)^(g - 1) p log p tends to 0 as p -> 1, also for g < 1 (where the power alone
+    # is infinite): evaluate it only where 1 - p > 0
+    positive = one_m > 0
+    power = xp.where(positive, xp.where(positive, one_m, 1) ** (g - 1), 0)
+    buff = (-(one_m ** g) + g * power * p_t * xp.log(xp.maximum(p_t, _FLT_MIN))) * z
     is_label = safe == xp.arange(fp.num_classes).reshape(1, 1, -1, 1, 1)
     factor = probs.dtype.type(fp.scale * scalar_value(ctx.inputs[4]))
     dx = buff * (is_label - probs) * factor

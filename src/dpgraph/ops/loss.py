@@ -44,6 +44,12 @@ def _softmax_rows(x: Any, xp: Any) -> Any:
     return e / e.sum(axis=1, keepdims=True)
 
 
+def _log_softmax_rows(x: Any, xp: Any) -> Any:
+    """log(softmax) by rows: x - max - log(sum(exp(x - max)))."""
+    shifted = x - x.max(axis=1, keepdims=True)
+    return shifted - xp.log(xp.exp(shifted).sum(axis=1, keepdims=True))
+
+
 def _as_2d(ctx: OpContext, x: Any) -> Any:
     """Flatten at the canonical ``axis`` argument (default 1) to [outer, inner]."""
     axis = ctx.int_arg("axis", 1)
@@ -106,7 +112,10 @@ def softmax_with_loss(ctx: OpContext) -> Outputs:
     weight = ctx.inputs[2] if len(ctx.inputs) > 2 else None
     p = _softmax_rows(x2, xp)
     target, w, total = _softmax_loss_parts(ctx, x2, ctx.inputs[1], weight)
-    per_row = -(target * _clamped_log(p, xp)).sum(axis=1) * w
+    # like Caffe2: integer labels read the log-softmax (exact for any logit range); label
+    # probabilities use log(max(P, 1e-20))
+    log_p = _clamped_log(p, xp) if ctx.int_arg("label_prob", 0) else _log_softmax_rows(x2, xp)
+    per_row = -(target * log_p).sum(axis=1) * w
     scale = ctx.float_arg("scale", 1.0)
     loss = per_row.sum() * scale / total if total > 0 else 0.0
     return p.reshape(x.shape), xp.asarray(loss, dtype=x.dtype)
@@ -459,6 +468,12 @@ def _pair_terms(x: Any, label: Any) -> tuple[Any, Any, int]:
     return sign, x[:, None] - x[None, :], int((sign != 0).sum())
 
 
+def _sigmoid(u: Any) -> Any:
+    """1 / (1 + exp(-u)) without overflow."""
+    e = np.exp(-np.abs(u))
+    return np.where(u >= 0, 1 / (1 + e), e / (1 + e))
+
+
 def _softplus_neg(u: Any) -> Any:
     """log(1 + exp(-u)), computed stably."""
     return np.logaddexp(0, -u)
@@ -499,6 +514,6 @@ def pair_wise_loss_gradient(ctx: OpContext) -> Outputs:
         sign, diff, pairs = _pair_terms(xs[lo:hi], labels[lo:hi])
         if pairs:
             # d/du log(1 + exp(-u)) = -sigmoid(-u); each unordered pair appears twice.
-            slope = -sign / (1 + np.exp(sign * diff))
+            slope = -sign * _sigmoid(-sign * diff)
             dx[lo:hi] = 2 * dy[g] * slope.sum(axis=1) / pairs
     return (dx.reshape(x.shape),)
