@@ -1,0 +1,95 @@
+"""Gradient buckets: pack many dense blobs into one contiguous buffer and back.
+
+dpgraph's own ops (not Caffe2's), emitted by the bucketing pass of ``Parallelize(...,
+gradient_bucket_mb=...)`` so that one collective moves many gradients::
+
+    GradientBucketPack([gpu_0/fc_w_grad, gpu_0/fc_b_grad], [gpu_0/grad_bucket_0])
+    NCCLAllreduce / Sum / Allreduce on gpu_*/grad_bucket_0
+    GradientBucketUnpack([gpu_0/grad_bucket_0, gpu_0/fc_w_grad, gpu_0/fc_b_grad],
+                         [gpu_0/fc_w_grad, gpu_0/fc_b_grad])
+
+The bucket is the raveled inputs, concatenated in input order (one copy).  Unpacking makes
+each output a *view* of the bucket with the shape of the matching template input, so no
+copy is made (``copy=1`` copies instead).  Every element is moved, never combined, so a
+reduction over buckets gives bitwise the values of the same reduction blob by blob.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import numpy as np
+
+from dpgraph.ir.registry import register_op
+from dpgraph.ops.context import OpContext, Outputs
+
+_MAX = 4096
+_UNPACK_INPLACE = [(i + 1, i) for i in range(_MAX)]
+
+
+def _pack_shape(op: Any, in_shapes: list[Any], in_types: list[Any]) -> list[Any]:
+    if any(s is None for s in in_shapes) or not in_types:
+        return [None]
+    total = 0
+    for shape in in_shapes:
+        count = 1
+        for dim in shape:
+            count *= int(dim)
+        total += count
+    return [((total,), in_types[0])]
+
+
+def _unpack_shape(op: Any, in_shapes: list[Any], in_types: list[Any]) -> list[Any]:
+    return [None if s is None else (s, t) for s, t in zip(in_shapes[1:], in_types[1:])]
+
+
+def _check_dtypes(ctx: OpContext, values: list[Any], first: int) -> None:
+    dtype = values[0].dtype
+    for index, value in enumerate(values):
+        if getattr(value, "dtype", None) != dtype:
+            raise ctx.fail(
+                f"every gradient in a bucket must have one dtype; {ctx.input_name(index + first)!r}"
+                f" is {getattr(value, 'dtype', type(value).__name__)}, "
+                f"{ctx.input_name(first)!r} is {dtype}. Rebuild with Parallelize(...) so the "
+                "bucketing pass groups gradients by dtype, or gradient_bucket_mb=None.")
+
+
+@register_op("GradientBucketPack", inputs=(1, _MAX), outputs=1, shape=_pack_shape)
+def gradient_bucket_pack(ctx: OpContext) -> Outputs:
+    """Y = concat(ravel(X_0), ravel(X_1), ...): one contiguous 1-D buffer."""
+    values = list(ctx.inputs)
+    for index, value in enumerate(values):
+        if not hasattr(value, "dtype"):
+            raise ctx.fail(f"input {ctx.input_name(index)!r} is a {type(value).__name__}, not "
+                           "a dense tensor; sparse gradients cannot go into a bucket.")
+    _check_dtypes(ctx, values, 0)
+    xp = sys.modules["cupy"] if hasattr(values[0], "__cuda_array_interface__") else np
+    return (xp.concatenate([v.reshape(-1) for v in values]),)
+
+
+@register_op("GradientBucketUnpack", inputs=(2, _MAX + 1), outputs=(1, _MAX),
+             inplace=_UNPACK_INPLACE, shape=_unpack_shape)
+def gradient_bucket_unpack(ctx: OpContext) -> Outputs:
+    """Output k = the k-th slice of the bucket (input 0), shaped like input k + 1: a view of
+    the bucket (``copy=0``, default) or a fresh array (``copy=1``)."""
+    bucket = ctx.inputs[0]
+    templates = ctx.inputs[1:]
+    if ctx.num_outputs != len(templates):
+        raise ctx.fail("GradientBucketUnpack needs one output per template input.")
+    if getattr(bucket, "ndim", 0) != 1:
+        raise ctx.fail(f"the bucket {ctx.input_name(0)!r} must be 1-D, got shape "
+                       f"{list(getattr(bucket, 'shape', []))}.")
+    _check_dtypes(ctx, [bucket, *templates], 0)
+    total = sum(int(t.size) for t in templates)
+    if total != bucket.shape[0]:
+        raise ctx.fail(
+            f"the bucket {ctx.input_name(0)!r} holds {bucket.shape[0]} values but its "
+            f"gradients need {total}; a gradient changed shape since it was packed.")
+    copy = bool(ctx.int_arg("copy", 0))
+    outputs, offset = [], 0
+    for template in templates:
+        piece = bucket[offset:offset + template.size].reshape(template.shape)
+        outputs.append(piece.copy() if copy else piece)
+        offset += template.size
+    return tuple(outputs)

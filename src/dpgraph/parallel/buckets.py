@@ -1,0 +1,243 @@
+"""Gradient buckets: one collective for many dense gradients.
+
+``Parallelize(..., gradient_bucket_mb=25)`` packs the dense gradients, in the order the
+backward pass produces them, into contiguous per-device buckets of about 25 MB (one dtype
+per bucket), reduces each bucket with the collective Caffe2 would have used for one
+gradient, and unpacks it into views that the updates read::
+
+    before (per blob, Caffe2):  Allreduce([cw, cpu_0/fc2_w_grad, cpu_1/fc2_w_grad]) ...
+                                Allreduce([cw, cpu_0/fc1_w_grad, cpu_1/fc1_w_grad]) ...
+    after:  GradientBucketPack([cpu_d/fc2_w_grad, cpu_d/fc2_b_grad, ...]) -> cpu_d/grad_bucket_0
+            Allreduce([cw, cpu_0/grad_bucket_0, cpu_1/grad_bucket_0])
+            GradientBucketUnpack([cpu_d/grad_bucket_0, cpu_d/fc2_w_grad, ...]) -> same grads
+
+Bucket assignment (:func:`assign_buckets`) is a pure function of the graph: gradient sizes
+come from the param init net, the order from the net's op order, so every rank builds the
+same buckets.  Sparse gradients and gradients of unknown size keep Caffe2's per-blob path.
+Elements are only moved, never combined, so the sums equal the per-blob sums bit for bit
+wherever the reduction order per element is the same (local devices; 2 ranks).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+import dpgraph.ops.bucket  # noqa: F401  (registers GradientBucketPack/Unpack)
+from dpgraph.errors import ParallelizeError
+from dpgraph.ir.blob import BlobReference, GradientSlice
+from dpgraph.parallel._emit import device_option, emit, make_op
+from dpgraph.parallel.state import ParallelState
+from dpgraph.runtime.serialization import DATA_TYPE_TO_NUMPY
+from dpgraph.runtime.shapes import infer_shapes_and_types
+
+MB = 1 << 20
+BUCKET_PREFIX = "grad_bucket_"
+
+Reducer = Callable[[ParallelState, Sequence[str], Any], None]
+
+
+@dataclass(frozen=True)
+class GradInfo:
+    """One dense gradient as the bucketing pass sees it (sizes of the master copy)."""
+
+    name: str  # stripped name (the key of state.grouped)
+    nbytes: int
+    dtype: str
+    order: int  # index of the op that last writes it in the net
+
+
+@dataclass
+class Bucket:
+    """Gradients reduced together: one dtype, production order."""
+
+    index: int
+    dtype: str
+    grads: list[GradInfo] = field(default_factory=list)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(g.nbytes for g in self.grads)
+
+    @property
+    def ready(self) -> int:
+        """Op index after which every gradient of the bucket exists."""
+        return max(g.order for g in self.grads)
+
+    @property
+    def name(self) -> str:
+        return f"{BUCKET_PREFIX}{self.index}"
+
+
+def parse_bucket_mb(value: Any) -> float | str | None:
+    """Validate ``gradient_bucket_mb``: None, a positive number of MB, or ``"auto"``."""
+    if value is None or value == "auto":
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ParallelizeError(
+            f"gradient_bucket_mb must be None (one collective per gradient, as Caffe2), a "
+            f"positive size in MB (e.g. 25) or 'auto', got {value!r}.")
+    return float(value)
+
+
+def assign_buckets(grads: Sequence[GradInfo], bucket_bytes: float) -> list[Bucket]:
+    """Greedy packing in production order; one open bucket per dtype, closed when the next
+    gradient would take it past ``bucket_bytes`` (a larger gradient gets its own bucket).
+
+    Returns the buckets sorted by the op after which they are ready (then by first grad).
+    """
+    ordered = sorted(grads, key=lambda g: (g.order, g.name))
+    open_by_dtype: dict[str, list[GradInfo]] = {}
+    closed: list[tuple[str, list[GradInfo]]] = []
+    for grad in ordered:
+        current = open_by_dtype.setdefault(grad.dtype, [])
+        if current and sum(g.nbytes for g in current) + grad.nbytes > bucket_bytes:
+            closed.append((grad.dtype, current))
+            current = open_by_dtype[grad.dtype] = []
+        current.append(grad)
+    closed.extend((dtype, items) for dtype, items in open_by_dtype.items() if items)
+    closed.sort(key=lambda item: (max(g.order for g in item[1]), item[1][0].order,
+                                  item[1][0].name))
+    return [Bucket(index=i, dtype=dtype, grads=items) for i, (dtype, items) in enumerate(closed)]
+
+
+# --- gradient sizes and order from the graph ----------------------------------------------
+def _last_writers(net_proto: Any) -> dict[str, int]:
+    result: dict[str, int] = {}
+    for index, op in enumerate(net_proto.op):
+        for blob in op.output:
+            result[blob] = index
+    return result
+
+
+def _param_of_grad(state: ParallelState) -> dict[str, str]:
+    """Full grad name -> full param name, for every dense data-parallel gradient."""
+    result: dict[str, str] = {}
+    for param, grad in state.model.param_to_grad.items():
+        if not isinstance(grad, GradientSlice):
+            result[str(grad)] = str(param)
+    return result
+
+
+def gradient_infos(state: ParallelState, names: Sequence[str]
+                   ) -> tuple[list[GradInfo], list[str]]:
+    """``(dense gradients with known size, the other names)`` among ``names``."""
+    shapes, types = infer_shapes_and_types([state.model.param_init_net])
+    writers = _last_writers(state.model.net.Proto())
+    params = _param_of_grad(state)
+    infos, others = [], []
+    for name in names:
+        group = state.grouped[name]
+        master = group.get(state.master)
+        if (len(group) != len(state.devices) or master is None
+                or isinstance(master, GradientSlice)):
+            others.append(name)
+            continue
+        grad = str(master)
+        param = params.get(grad)
+        shape = shapes.get(param) if param is not None else None
+        if shape is None or grad not in writers:
+            others.append(name)
+            continue
+        dtype = np.dtype(DATA_TYPE_TO_NUMPY.get(types.get(param, 1), np.float32))
+        count = int(np.prod(shape)) if shape else 1
+        infos.append(GradInfo(name, count * dtype.itemsize, dtype.name, writers[grad]))
+    return infos, others
+
+
+# --- emission --------------------------------------------------------------------------------
+def _device_options(state: ParallelState, grad: str) -> dict[int, Any]:
+    """The device option of each copy of ``grad`` (its first op's, as Caffe2 infers)."""
+    options = {}
+    for device, blob in state.grouped[grad].items():
+        option = state.blob_to_device.get(str(blob))
+        options[device] = option if option is not None else device_option(
+            state.config.device_type, device)
+    return options
+
+
+def _register_bucket(state: ParallelState, bucket: Bucket) -> None:
+    """Group the bucket blobs like a gradient so the per-blob reducers can handle them."""
+    options = _device_options(state, bucket.grads[0].name)
+    group: dict[int, Any] = {}
+    for device in state.devices:
+        full = f"{state.namescope(device)}/{bucket.name}"
+        group[device] = BlobReference(full)
+        state.blob_to_device[full] = options[device]
+    state.grouped[bucket.name] = group
+
+
+def _emit_pack(state: ParallelState, net: Any, bucket: Bucket) -> None:
+    options = _device_options(state, bucket.grads[0].name)
+    for device in state.devices:
+        grads = [state.grouped[g.name][device] for g in bucket.grads]
+        emit(net, make_op("GradientBucketPack", grads, [state.grouped[bucket.name][device]],
+                          options[device]))
+
+
+def _emit_unpack(state: ParallelState, net: Any, bucket: Bucket, copy: bool) -> None:
+    options = _device_options(state, bucket.grads[0].name)
+    for device in state.devices:
+        grads = [state.grouped[g.name][device] for g in bucket.grads]
+        emit(net, make_op("GradientBucketUnpack", [state.grouped[bucket.name][device], *grads],
+                          grads, options[device], copy=1 if copy else None))
+
+
+def _ordered_items(buckets: Sequence[Bucket], others: Sequence[str],
+                   writers: Mapping[str, int], state: ParallelState) -> list[str]:
+    """Bucket names and per-blob names, in the order they become ready."""
+    items: list[tuple[float, int, str]] = [(b.ready, 0, b.name) for b in buckets]
+    for position, name in enumerate(others):
+        master = state.grouped[name].get(state.master)
+        blob = str(master.values) if isinstance(master, GradientSlice) else str(master)
+        items.append((writers.get(blob, float("inf")), 1 + position, name))
+    items.sort(key=lambda item: (item[0], item[1]))
+    return [name for _, _, name in items]
+
+
+def plan_buckets(state: ParallelState, names: Sequence[str], bucket_mb: float | str
+                 ) -> tuple[list[Bucket], list[str]]:
+    """The buckets for ``names`` and the names left to the per-blob path."""
+    infos, others = gradient_infos(state, names)
+    if bucket_mb == "auto":
+        from dpgraph.parallel.plan.planner import auto_bucket_bytes
+
+        bucket_bytes = auto_bucket_bytes(state, infos)
+    else:
+        bucket_bytes = float(bucket_mb) * MB
+    return assign_buckets(infos, bucket_bytes), others
+
+
+def reduce_in_buckets(state: ParallelState, names: Sequence[str], net: Any,
+                      reduce: Reducer, bucket_mb: float | str, copy: bool = False) -> list[Bucket]:
+    """Pack, reduce (with ``reduce``, the per-blob reducer of this configuration) and unpack.
+
+    ``reduce`` is called once, with the bucket names and the per-blob names in the order they
+    become ready, so collectives keep one concurrency context.  Returns the buckets.
+    """
+    if len(state.devices) == 1 and not _multi_host(state):
+        return []
+    buckets, others = plan_buckets(state, names, bucket_mb)
+    writers = _last_writers(net.Proto())
+    order = _ordered_items(buckets, others, writers, state)
+    for bucket in buckets:
+        _register_bucket(state, bucket)
+    try:
+        for bucket in buckets:
+            _emit_pack(state, net, bucket)
+        reduce(state, order, net)
+        for bucket in buckets:
+            _emit_unpack(state, net, bucket, copy)
+    finally:
+        for bucket in buckets:
+            state.grouped.pop(bucket.name, None)
+    state.model._gradient_buckets = [[g.name for g in b.grads] for b in buckets]
+    return buckets
+
+
+def _multi_host(state: ParallelState) -> bool:
+    rendezvous = state.config.rendezvous
+    return rendezvous is not None and rendezvous.is_multi_host
