@@ -137,6 +137,36 @@ class OperatorRegistry:
 OPERATORS = OperatorRegistry()
 
 
+class ExtensionRegistry:
+    """Functions that IR methods delegate to but that live in a higher layer, by name.
+
+    Caffe2 kept the backward pass on ``core.Net``; in dpgraph the logic lives in
+    :mod:`dpgraph.autodiff`, which registers ``"backward_pass"`` here when it is imported
+    (``import dpgraph`` imports it), so ``Net.AddGradientOperators`` needs no upward import.
+    """
+
+    def __init__(self) -> None:
+        self._functions: dict[str, Callable[..., Any]] = {}
+
+    def register(self, name: str, function: Callable[..., Any]) -> None:
+        if name in self._functions:
+            raise OperatorSchemaError(f"IR extension {name!r} is already registered; "
+                                      "each extension is provided by exactly one module.")
+        self._functions[name] = function
+
+    def lookup(self, name: str) -> Callable[..., Any]:
+        function = self._functions.get(name)
+        if function is None:
+            raise UnknownOperatorError(
+                f"IR extension {name!r} is not registered; import dpgraph (the package "
+                "registers every extension) rather than dpgraph.ir alone."
+                + did_you_mean(name, self._functions))
+        return function
+
+
+NET_EXTENSIONS = ExtensionRegistry()
+
+
 def register_op(
     op_type: str,
     inputs: Arity = (0, None),

@@ -7,7 +7,10 @@ Caffe2's op style, executed by the collective backend of their common world
     CreateCommonWorld(["store"], ["cw"], size=2, rank=0, engine="GLOO", timeout_ms=30000)
     Allreduce(["cw", "gpu_0/g", "gpu_1/g"], ["gpu_0/g", "gpu_1/g"], engine="GLOO")
 
-A common world blob holds a :class:`~dpgraph.collectives.Backend`.  Collectives take the copies
+A common world blob holds a :class:`~dpgraph.collectives.Backend`.  The kernels reach stores
+and backends through ``ctx.workspace.collectives`` (the runtime's
+:class:`~dpgraph.collectives.services.CollectiveServices`): this module sits in the ops layer,
+below the collectives, and never imports them.  Collectives take the copies
 of one blob on several local devices, reduce them locally and then across ranks, in place.
 They are side-effecting and cross-device, and collectives on one common world must run in the
 same order on every rank (Parallelize chains them with control inputs).  ``timeout_ms`` on an
@@ -21,9 +24,6 @@ from typing import Any
 
 import numpy as np
 
-from dpgraph.collectives.base import DEFAULT_TIMEOUT_SEC, Backend, BaseBackend
-from dpgraph.collectives.registry import backend_for_engine, create_backend
-from dpgraph.collectives.rendezvous import file_store, tcp_store
 from dpgraph.errors import CollectiveError, NotSupportedError, RendezvousError
 from dpgraph.ir.registry import OPERATORS, register_op
 from dpgraph.ops.context import OpContext, Outputs
@@ -40,6 +40,15 @@ def _seconds(ctx: OpContext, default: float | None) -> float | None:
     return timeout_ms / 1000.0 if timeout_ms > 0 else default
 
 
+def _services(ctx: OpContext) -> Any:
+    services = getattr(ctx.workspace, "collectives", None)
+    if services is None:
+        raise CollectiveError(ctx.describe(
+            "distributed ops run in a dpgraph workspace (workspace.RunOperatorOnce, "
+            "RunNet), which provides the collective backends; this context has none"))
+    return services
+
+
 def _engine(ctx: OpContext, default: str = "GLOO") -> str:
     return (ctx.op.engine or ctx.str_arg("engine") or default).upper()
 
@@ -53,7 +62,7 @@ def file_store_handler_create(ctx: OpContext) -> Outputs:
         raise RendezvousError(ctx.describe("argument 'path' (a directory every rank can reach) "
                                            "is required"))
     timeout = _seconds(ctx, _STORE_TIMEOUT_SEC) or _STORE_TIMEOUT_SEC
-    return (file_store(path, ctx.str_arg("prefix"), timeout),)
+    return (_services(ctx).file_store(path, ctx.str_arg("prefix"), timeout),)
 
 
 @register_op("TCPStoreHandlerCreate", inputs=0, outputs=1, side_effects=True)
@@ -66,7 +75,8 @@ def tcp_store_handler_create(ctx: OpContext) -> Outputs:
     master = bool(ctx.int_arg("is_master")) if ctx.has_arg("is_master") else None
     world_size = ctx.int_arg("world_size") if ctx.has_arg("world_size") else None
     timeout = _seconds(ctx, _STORE_TIMEOUT_SEC) or _STORE_TIMEOUT_SEC
-    return (tcp_store(host, port, master, world_size, ctx.str_arg("prefix"), timeout),)
+    return (_services(ctx).tcp_store(host, port, master, world_size, ctx.str_arg("prefix"),
+                                     timeout),)
 
 
 # --- common worlds ------------------------------------------------------------------------
@@ -81,21 +91,20 @@ def create_common_world(ctx: OpContext) -> Outputs:
     if not ctx.has_arg("size"):
         raise RendezvousError(ctx.describe("argument 'size' (the number of ranks) is required"))
     store = ctx.inputs[0] if ctx.inputs else None
-    world = create_backend(
-        backend_for_engine(_engine(ctx)), store=store, rank=ctx.int_arg("rank"),
-        size=ctx.int_arg("size"), world=ctx.output_name(0),
-        timeout=_seconds(ctx, DEFAULT_TIMEOUT_SEC) or DEFAULT_TIMEOUT_SEC,
-        transport=ctx.str_arg("transport", "tcp") or "tcp",
-        interface=ctx.str_arg("interface"), engine=_engine(ctx))
+    services = _services(ctx)
+    default_timeout = services.default_timeout_sec
+    world = services.create_world(
+        _engine(ctx), store=store, rank=ctx.int_arg("rank"), size=ctx.int_arg("size"),
+        world=ctx.output_name(0), timeout=_seconds(ctx, default_timeout) or default_timeout,
+        transport=ctx.str_arg("transport", "tcp") or "tcp", interface=ctx.str_arg("interface"))
     return (world,)
 
 
-def _world(ctx: OpContext) -> BaseBackend:
-    world = ctx.inputs[0] if ctx.inputs else None
-    if isinstance(world, BaseBackend):  # the fast, common case (Protocol checks are slow)
-        return world
-    if not isinstance(world, Backend):
-        got = type(world).__name__
+def _world(ctx: OpContext) -> Any:
+    value = ctx.inputs[0] if ctx.inputs else None
+    world = _services(ctx).as_world(value)
+    if world is None:
+        got = type(value).__name__
         name = ctx.input_name(0) if ctx.num_inputs else "<none>"
         raise CollectiveError(ctx.describe(
             f"input 0 ({name!r}) must be a common world, got {got}; create it with "
@@ -150,7 +159,7 @@ def _check_outputs(ctx: OpContext, expected: int) -> None:
                                            f"got {ctx.num_outputs}"))
 
 
-def _root(ctx: OpContext, world: BaseBackend) -> int:
+def _root(ctx: OpContext, world: Any) -> int:
     root = ctx.int_arg("root", 0)
     if not 0 <= root < world.size:
         raise CollectiveError(ctx.describe(f"root {root} is not a rank of common world "

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from dpgraph.collectives.services import SERVICES, CollectiveServices
 from dpgraph.errors import BlobNotFoundError, WorkspaceError, did_you_mean
 from dpgraph.ir import scope
 from dpgraph.ir.device import device_key, device_name
@@ -96,6 +97,9 @@ def as_net_proto(net: Any) -> caffe2_pb2.NetDef:
 
 class Workspace:
     """Blobs (each recording the device it lives on), nets and a random generator."""
+
+    #: stores and collective backends for the distributed ops' kernels (``ctx.workspace``)
+    collectives: CollectiveServices = SERVICES
 
     def __init__(self, name: str = "default", root_folder: str = ".",
                  seed: int | None = None) -> None:
