@@ -1,8 +1,13 @@
 """Caffe2's ``utils`` module: argument encoding and small helpers."""
 
+import threading
 from typing import Any
 
+import numpy as np
+
 from dpgraph.ir.arguments import MakeArgument, argument_value
+from dpgraph.runtime import devices as _devices
+from dpgraph.runtime.api import current as _current_workspace
 
 OPTIMIZER_ITERATION_NAME = "optimizer_iteration"
 ITERATION_MUTEX_NAME = "iteration_mutex"
@@ -21,5 +26,36 @@ def BuildUniqueMutexIter(init_net: Any, net: Any, iter: Any = None, iter_mutex: 
     return build(init_net, net, iter, iter_mutex, iter_val)
 
 
-__all__ = ["ArgsToDict", "BuildUniqueMutexIter", "ITERATION_MUTEX_NAME", "MakeArgument",
+_peak_lock = threading.Lock()
+_peak_bytes: dict[str, np.ndarray] = {}
+
+
+def _bytes_by_gpu(count: int) -> np.ndarray:
+    """Bytes held by the current workspace's tensors on each GPU (virtual or real)."""
+    ws = _current_workspace()
+    held = np.zeros(count, dtype=np.int64)
+    for name in ws.blobs():
+        key = ws.placement(name)
+        if key is None or not _devices.is_gpu(key) or not 0 <= key[1] < count:
+            continue
+        held[key[1]] += int(getattr(ws.get_blob(name), "nbytes", 0))
+    return held
+
+
+def GetGPUMemoryUsageStats() -> dict[str, Any]:
+    """Caffe2's per-GPU memory report: ``total_by_gpu`` (bytes held now, one entry per GPU),
+    ``max_by_gpu`` (the most seen by any call so far in this workspace), ``total`` and
+    ``max_total``.  dpgraph counts the bytes of the tensors each device's blobs hold."""
+    count = _devices.NumGpuDevices()
+    held = _bytes_by_gpu(count)
+    with _peak_lock:
+        name = _current_workspace().name
+        peak = _peak_bytes.get(name)
+        peak = held.copy() if peak is None or peak.size != count else np.maximum(peak, held)
+        _peak_bytes[name] = peak
+    return {"total_by_gpu": held, "max_by_gpu": peak.copy(), "total": int(held.sum()),
+            "max_total": int(peak.sum())}
+
+
+__all__ = ["ArgsToDict", "BuildUniqueMutexIter", "GetGPUMemoryUsageStats", "ITERATION_MUTEX_NAME", "MakeArgument",
            "OPTIMIZER_ITERATION_NAME"]
