@@ -9,6 +9,7 @@ from dpgraph.modeling.optimizer.adaptive import (
 )
 from dpgraph.modeling.optimizer.base import (
     _LEARNING_RATE_INJECTION,
+    FP16_ENGINES,
     ITERATION_MUTEX_NAME,
     OPTIMIZER_ITERATION_NAME,
     AuxOptimizerParams,
@@ -24,15 +25,27 @@ from dpgraph.modeling.optimizer.build import (
     add_weight_decay,
     build_adagrad,
     build_adam,
+    build_adadelta,
+    build_decay_adagrad,
     build_fp16_sgd,
     build_ftrl,
+    build_gftrl,
     build_multi_precision_sgd,
     build_rms_prop,
     build_sgd,
+    build_storm,
+    build_wngrad,
     build_yellowfin,
     get_lr_injection,
     get_param_device,
     set_lr_injection,
+)
+from dpgraph.modeling.optimizer.final import (
+    AdadeltaOptimizer,
+    DecayAdagradOptimizer,
+    GFtrlOptimizer,
+    StormOptimizer,
+    WngradOptimizer,
 )
 from dpgraph.modeling.optimizer.sgd import (
     FP16SgdOptimizer,
@@ -42,6 +55,9 @@ from dpgraph.modeling.optimizer.sgd import (
 )
 
 __all__ = [
+    "AdadeltaOptimizer", "DecayAdagradOptimizer", "GFtrlOptimizer", "StormOptimizer",
+    "WngradOptimizer", "build_adadelta", "build_decay_adagrad", "build_gftrl", "build_storm",
+    "build_wngrad", "FP16_ENGINES",
     "AdagradOptimizer", "AdamOptimizer", "AuxOptimizerParams", "BuildUniqueMutexIter",
     "FP16SgdOptimizer", "FtrlOptimizer", "ITERATION_MUTEX_NAME", "MultiPrecisionSgdOptimizer",
     "OPTIMIZER_ITERATION_NAME", "Optimizer", "RmsPropOptimizer", "SgdOptimizer",

@@ -17,6 +17,7 @@ from dpgraph.proto import caffe2_pb2
 OPTIMIZER_ITERATION_NAME = "optimizer_iteration"
 ITERATION_MUTEX_NAME = "iteration_mutex"
 _LEARNING_RATE_INJECTION = "lr_injection"
+FP16_ENGINES = ["SIMD_Q_FP16", "SIMD_Q_STOC_FP16", "SIMD_Q_STOC_MKL_FP16"]
 
 AuxOptimizerParams = namedtuple("AuxOptimizerParams", ["local", "shared"])
 

@@ -17,6 +17,13 @@ from dpgraph.modeling.optimizer.adaptive import (
     YellowFinOptimizer,
 )
 from dpgraph.modeling.optimizer.base import _LEARNING_RATE_INJECTION, Optimizer
+from dpgraph.modeling.optimizer.final import (
+    AdadeltaOptimizer,
+    DecayAdagradOptimizer,
+    GFtrlOptimizer,
+    StormOptimizer,
+    WngradOptimizer,
+)
 from dpgraph.modeling.optimizer.sgd import (
     FP16SgdOptimizer,
     MultiPrecisionSgdOptimizer,
@@ -24,6 +31,7 @@ from dpgraph.modeling.optimizer.sgd import (
     WeightDecayBuilder,
 )
 from dpgraph.modeling.parameter_info import ParameterInfo
+from dpgraph.runtime import api
 
 
 def _get_param_to_device(model: Any) -> dict[str, Any]:
@@ -168,18 +176,52 @@ def build_ftrl(model: Any, engine: str = "SIMD", **kwargs: Any) -> FtrlOptimizer
     return _build(model, FtrlOptimizer(engine=engine, **kwargs))  # type: ignore
 
 
+def build_gftrl(model: Any, engine: str = "", **kwargs: Any) -> GFtrlOptimizer:
+    """Group-lasso FTRL for every (dense) param."""
+    return _build(model, GFtrlOptimizer(engine=engine, **kwargs))  # type: ignore
+
+
+def build_wngrad(model: Any, base_learning_rate: float, parameters: Any = None,
+                 max_gradient_norm: float | None = None, allow_lr_injection: bool = False,
+                 **kwargs: Any) -> WngradOptimizer:
+    wngrad = WngradOptimizer(alpha=base_learning_rate, **kwargs)
+    return _build(model, wngrad, max_gradient_norm=max_gradient_norm,  # type: ignore
+                  allow_lr_injection=allow_lr_injection)
+
+
+def build_storm(model: Any, base_learning_rate: float, parameters: Any = None,
+                max_gradient_norm: float | None = None, allow_lr_injection: bool = False,
+                **kwargs: Any) -> StormOptimizer:
+    storm = StormOptimizer(lr=base_learning_rate, **kwargs)
+    return _build(model, storm, max_gradient_norm=max_gradient_norm,  # type: ignore
+                  allow_lr_injection=allow_lr_injection)
+
+
+def build_adadelta(model: Any, base_learning_rate: float, parameters: Any = None,
+                   max_gradient_norm: float | None = None, allow_lr_injection: bool = False,
+                   **kwargs: Any) -> AdadeltaOptimizer:
+    adadelta = AdadeltaOptimizer(alpha=base_learning_rate, **kwargs)
+    return _build(model, adadelta, max_gradient_norm=max_gradient_norm,  # type: ignore
+                  allow_lr_injection=allow_lr_injection)
+
+
+def build_decay_adagrad(model: Any, base_learning_rate: float,
+                        max_gradient_norm: float | None = None,
+                        allow_lr_injection: bool = False,
+                        **kwargs: Any) -> DecayAdagradOptimizer:
+    decay_adagrad = DecayAdagradOptimizer(alpha=base_learning_rate, **kwargs)
+    return _build(model, decay_adagrad, max_gradient_norm=max_gradient_norm,  # type: ignore
+                  allow_lr_injection=allow_lr_injection)
+
+
 def get_lr_injection() -> Any:
     """The current value of the ``lr_injection`` blob in the current workspace."""
-    from dpgraph import workspace
-
-    return workspace.FetchBlob(_LEARNING_RATE_INJECTION)
+    return api.FetchBlob(_LEARNING_RATE_INJECTION)
 
 
 def set_lr_injection(lr_injection_value: float) -> None:
     """Scale every learning rate built with ``allow_lr_injection`` by this value."""
     import numpy as np
 
-    from dpgraph import workspace
-
-    workspace.FeedBlob(_LEARNING_RATE_INJECTION,
-                       np.array([float(lr_injection_value)], dtype=np.float32))
+    api.FeedBlob(_LEARNING_RATE_INJECTION,
+                 np.array([float(lr_injection_value)], dtype=np.float32))

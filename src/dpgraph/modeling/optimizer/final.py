@@ -1,0 +1,244 @@
+"""The optimizers the final Caffe2 release added: Wngrad, Storm, Adadelta, group-lasso FTRL
+and DecayAdagrad.  Blob names, op types and arguments are Caffe2's (``<param>_moment``,
+``<param>_first_mo1ment`` with its typo, ...)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dpgraph.errors import ModelConfigError
+from dpgraph.ir.blob import GradientSlice
+from dpgraph.modeling.optimizer.base import Optimizer
+from dpgraph.modeling.parameter_info import ParameterInfo
+
+
+def _effective_outputs(param: Any, output_effective_lr: bool,
+                       output_effective_lr_and_update: bool) -> list[str]:
+    if output_effective_lr_and_update:
+        return [str(param) + "_effective_lr", str(param) + "_update"]
+    if output_effective_lr:
+        return [str(param) + "_effective_lr"]
+    return []
+
+
+class WngradOptimizer(Optimizer):
+    """WNGrad: one scalar ``<param>_moment`` b per param; ``w += lr·g/(b+ε)``,
+    ``b += Σg²/(b+ε)``."""
+
+    def __init__(self, alpha: float = 1.0, epsilon: float = 1e-9, policy: str = "fixed",
+                 sparse_dedup_aggregator: Any = None, engine: str = "",
+                 moment_init: float = 100.0, lars: Any = None,
+                 output_effective_lr: bool = False,
+                 output_effective_lr_and_update: bool = False, **kwargs: Any) -> None:
+        super().__init__()
+        self.alpha = alpha
+        self.epsilon = epsilon
+        self.policy = policy
+        self.sparse_dedup_aggregator = sparse_dedup_aggregator
+        self.engine = engine
+        self.moment_init = moment_init
+        self.lars = lars
+        self.output_effective_lr = output_effective_lr
+        self.output_effective_lr_and_update = output_effective_lr_and_update
+        self.init_kwargs = kwargs
+
+    def _run(self, net: Any, param_init_net: Any, param_info: ParameterInfo) -> None:
+        param, grad = param_info.blob, param_info.grad
+        if self.alpha <= 0:
+            return
+        self._clear_local_lr_multiplier()
+        if self.lars is not None and not isinstance(grad, GradientSlice):
+            self._add_lars_multiplier(net, param_init_net, param, grad, self.lars)
+        lr, _ = self.build_lr(net, param_init_net, base_learning_rate=self.alpha,
+                              policy=self.policy, **self.init_kwargs)
+        moment = param_init_net.ConstantFill([], str(param) + "_moment", shape=[1],
+                                             value=self.moment_init)
+        self._aux_params.local.append(moment)
+        if isinstance(grad, GradientSlice):
+            grad = self.dedup(net, self.sparse_dedup_aggregator, grad)
+            net.SparseWngrad([param, moment, grad.indices, grad.values, lr], [param, moment],
+                             epsilon=self.epsilon, engine=self.engine)
+            return
+        extra = _effective_outputs(param, self.output_effective_lr,
+                                   self.output_effective_lr_and_update)
+        net.Wngrad([param, moment, grad, lr], [param, moment, *extra], epsilon=self.epsilon,
+                   engine=self.engine)
+
+    def scale_learning_rate(self, scale: float) -> None:
+        self.alpha *= scale
+
+
+class StormOptimizer(Optimizer):
+    """STORM: ``<param>_moment`` and the scalar ``<param>_grad_sq_sum``."""
+
+    def __init__(self, lr: float = 0.1, momentum: float = 10.0, beta: float = 0.1,
+                 grad_sq_init: float = 0.01, policy: str = "fixed",
+                 sparse_dedup_aggregator: Any = None, lars: Any = None,
+                 **kwargs: Any) -> None:
+        super().__init__()
+        self.lr = lr
+        self.momentum = momentum
+        self.beta = beta
+        self.grad_sq_init = grad_sq_init
+        self.policy = policy
+        self.sparse_dedup_aggregator = sparse_dedup_aggregator
+        self.lars = lars
+        self.init_kwargs = kwargs
+
+    def _run(self, net: Any, param_init_net: Any, param_info: ParameterInfo) -> None:
+        param, grad = param_info.blob, param_info.grad
+        if self.lr <= 0:
+            return
+        self._clear_local_lr_multiplier()
+        if self.lars is not None and not isinstance(grad, GradientSlice):
+            self._add_lars_multiplier(net, param_init_net, param, grad, self.lars)
+        lr, _ = self.build_lr(net, param_init_net, base_learning_rate=self.lr,
+                              policy=self.policy, **self.init_kwargs)
+        moment = param_init_net.ConstantFill(param, str(param) + "_moment", value=0.0)
+        self._aux_params.local.append(moment)
+        grad_sq_sum = param_init_net.ConstantFill([], str(param) + "_grad_sq_sum", shape=[1],
+                                                  value=self.grad_sq_init)
+        self._aux_params.local.append(grad_sq_sum)
+        outputs = [param, moment, grad_sq_sum]
+        if isinstance(grad, GradientSlice):
+            grad = self.dedup(net, self.sparse_dedup_aggregator, grad)
+            net.SparseStorm([param, moment, grad_sq_sum, grad.values, grad.indices, lr],
+                            outputs, momentum=self.momentum, beta=self.beta)
+        else:
+            net.Storm([param, moment, grad_sq_sum, grad, lr], outputs,
+                      momentum=self.momentum, beta=self.beta)
+
+    def scale_learning_rate(self, scale: float) -> None:
+        self.lr *= scale
+
+
+class AdadeltaOptimizer(Optimizer):
+    """Adadelta: ``<param>_squared_moment`` and ``<param>_squared_moment_update``."""
+
+    def __init__(self, alpha: float = 0.01, epsilon: float = 1e-4, decay: float = 0.95,
+                 policy: str = "fixed", sparse_dedup_aggregator: Any = None, engine: str = "",
+                 **kwargs: Any) -> None:
+        super().__init__()
+        self.alpha = alpha
+        self.epsilon = epsilon
+        self.decay = decay
+        self.policy = policy
+        self.sparse_dedup_aggregator = sparse_dedup_aggregator
+        self.engine = engine
+        self.init_kwargs = kwargs
+
+    def _run(self, net: Any, param_init_net: Any, param_info: ParameterInfo) -> None:
+        param, grad = param_info.blob, param_info.grad
+        if self.alpha <= 0:
+            return
+        lr, _ = self.build_lr(net, param_init_net, base_learning_rate=self.alpha,
+                              policy=self.policy, **self.init_kwargs)
+        moment = param_init_net.ConstantFill([param], str(param) + "_squared_moment",
+                                             value=0.0)
+        moment_update = param_init_net.ConstantFill(
+            [param], str(param) + "_squared_moment_update", value=0.0)
+        self._aux_params.local.append(moment)
+        self._aux_params.local.append(moment_update)
+        settings = {"epsilon": self.epsilon, "decay": self.decay, "engine": self.engine}
+        outputs = [param, moment, moment_update]
+        if isinstance(grad, GradientSlice):
+            grad = self.dedup(net, self.sparse_dedup_aggregator, grad)
+            net.SparseAdadelta([param, moment, moment_update, grad.indices, grad.values, lr],
+                               outputs, **settings)
+        else:
+            net.Adadelta([param, moment, moment_update, grad, lr], outputs, **settings)
+
+    def scale_learning_rate(self, scale: float) -> None:
+        self.alpha *= scale
+
+
+class GFtrlOptimizer(Optimizer):
+    """Group-lasso FTRL (dense only) with state ``<param>_gftrl_nz`` (param shape + [2])."""
+
+    def __init__(self, alpha: float = 0.01, beta: float = 1e-4, lambda1: float = 0,
+                 lambda2: float = 0, sparse_dedup_aggregator: Any = None,
+                 engine: str = "") -> None:
+        super().__init__()
+        self.alpha = alpha
+        self.beta = beta
+        self.lambda1 = lambda1
+        self.lambda2 = lambda2
+        self.sparse_dedup_aggregator = sparse_dedup_aggregator
+        self.engine = engine
+
+    def _run(self, net: Any, param_init_net: Any, param_info: ParameterInfo) -> None:
+        param, grad = param_info.blob, param_info.grad
+        if self.alpha <= 0:
+            return
+        nz = param_init_net.ConstantFill([param], str(param) + "_gftrl_nz", extra_shape=[2],
+                                         value=0.0)
+        self._aux_params.local.append(nz)
+        if isinstance(grad, GradientSlice):
+            raise ModelConfigError(
+                f"GFtrlOptimizer: {param} has a sparse gradient; group-lasso FTRL is dense "
+                "only (use FtrlOptimizer for sparse parameters).")
+        net.GFtrl([param, nz, grad], [param, nz], engine=self.engine, alpha=self.alpha,
+                  beta=self.beta, lambda1=self.lambda1, lambda2=self.lambda2)
+
+    def scale_learning_rate(self, scale: float) -> None:
+        self.alpha *= scale
+
+
+class DecayAdagradOptimizer(Optimizer):
+    """Adagrad with a decayed first moment (``<param>_first_mo1ment``) and bias correction;
+    sparse gradients fall back to SparseAdagrad on ``<param>_squared_sum``."""
+
+    def __init__(self, alpha: float = 0.01, beta1: float = 0.0, beta2: float = 0.999,
+                 epsilon: float = 0.1, weight_decay: float = 0.0, ema_options: Any = None,
+                 bias_correction_first: bool = True, policy: str = "fixed", engine: str = "",
+                 **kwargs: Any) -> None:
+        super().__init__()
+        self.alpha = alpha
+        self.beta1 = beta1
+        self.beta2 = beta2
+        self.epsilon = epsilon
+        self.weight_decay = weight_decay
+        self.bias_correction_first = bias_correction_first
+        self.policy = policy
+        self.engine = engine
+        self.init_kwargs = kwargs
+        self._process_ema_options(ema_options)
+
+    def _process_ema_options(self, ema_options: Any) -> None:
+        self.ema_enabled = bool(ema_options)
+        if self.ema_enabled:
+            self.ema_start = ema_options.get("ema_start")
+            self.ema_end = ema_options.get("ema_end")
+            self.ema_step = ema_options.get("ema_step")
+            self.ema_alpha = ema_options.get("ema_alpha")
+
+    def _run(self, net: Any, param_init_net: Any, param_info: ParameterInfo) -> None:
+        param, grad = param_info.blob, param_info.grad
+        if self.alpha <= 0:
+            return
+        lr, iteration = self.build_lr(net, param_init_net, base_learning_rate=self.alpha,
+                                      policy=self.policy, **self.init_kwargs)
+        if isinstance(grad, GradientSlice):
+            squared_sum = param_init_net.ConstantFill([param], str(param) + "_squared_sum",
+                                                      value=0.0)
+            self._aux_params.local.append(squared_sum)
+            net.SparseAdagrad([param, squared_sum, grad.indices, grad.values, lr],
+                              [param, squared_sum], epsilon=self.epsilon)
+            return
+        m1 = param_init_net.ConstantFill([param], str(param) + "_first_mo1ment", value=0.0)
+        m2 = param_init_net.ConstantFill([param], str(param) + "_second_moment", value=0.0)
+        self._aux_params.shared.append(iteration)
+        self._aux_params.local.append(m1)
+        self._aux_params.local.append(m2)
+        net.DecayAdagrad([param, m1, m2, grad, lr, iteration], [param, m1, m2],
+                         beta1=self.beta1, beta2=self.beta2, epsilon=self.epsilon,
+                         weight_decay=self.weight_decay,
+                         bias_correction_first=self.bias_correction_first)
+        if self.ema_enabled:
+            ema = param_init_net.ConstantFill([param], str(param) + "_ema", value=0.0)
+            self._aux_params.local.append(ema)
+            net.EMA([param, ema, iteration], [param, ema], ema_start=self.ema_start,
+                    ema_end=self.ema_end, ema_step=self.ema_step, ema_alpha=self.ema_alpha)
+
+    def scale_learning_rate(self, scale: float) -> None:
+        self.alpha *= scale
