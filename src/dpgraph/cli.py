@@ -1,6 +1,7 @@
 """The ``dpgraph`` command line: one function per subcommand.
 
-``dpgraph demo`` trains a small CNN data-parallel on scikit-learn's digits.
+``dpgraph demo`` trains a small CNN data-parallel on scikit-learn's digits; ``dpgraph plan``
+predicts data-parallel step times (per-blob against bucketed gradient synchronisation).
 """
 
 from __future__ import annotations
@@ -60,8 +61,9 @@ def run_demo_command(args: argparse.Namespace) -> int:
 
 def _all_commands() -> list[Callable[[argparse._SubParsersAction], None]]:
     from dpgraph.export.commands import EXPORT_COMMANDS
+    from dpgraph.parallel.plan.command import add_plan_command
 
-    return [add_demo_command, *EXPORT_COMMANDS]
+    return [add_demo_command, *EXPORT_COMMANDS, add_plan_command]
 
 
 COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = _all_commands()
