@@ -1,1 +1,96 @@
-"""DB operators: CreateDB, DBExists, TensorProtosDBInput."""
+"""DB operators: CreateDB, DBExists, TensorProtosDBInput, CreateBlobsQueueDB.
+
+``CreateDB`` opens a :class:`~dpgraph.db.DBReader` (READ mode, positioned at its shard);
+``TensorProtosDBInput`` reads ``batch_size`` records from it (wrapping around at the end)
+and stacks each record's TensorProtos into its outputs, ``[batch_size] + dims`` each.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from dpgraph.db import DBReader, db_exists
+from dpgraph.db.queue_db import BlobsQueueDB
+from dpgraph.errors import ArgumentError, ShapeError
+from dpgraph.ir.blob_serde import decode_tensor_protos, decode_tensor_protos_batch
+from dpgraph.ir.registry import register_op
+from dpgraph.ops.context import OpContext, Outputs
+
+
+def resolve_path(ctx: OpContext, path: str) -> str:
+    """Caffe2's ``absolute_path``: 0 joins the workspace root folder and ``path`` literally."""
+    if ctx.int_arg("absolute_path", 0):
+        return path
+    root = getattr(ctx.workspace, "root_folder", ".") if ctx.workspace is not None else "."
+    return f"{root}/{path}"
+
+
+def required_str(ctx: OpContext, name: str, message: str) -> str:
+    value = ctx.str_arg(name, "")
+    if not value:
+        raise ArgumentError(ctx.describe(message))
+    return value
+
+
+def on_device(ctx: OpContext, array: np.ndarray) -> Any:
+    """``array`` on the op's device (numpy for CPU and virtual GPUs)."""
+    return array if ctx.xp is np else ctx.xp.asarray(array)
+
+
+def reader_input(ctx: OpContext, index: int = 0) -> DBReader:
+    reader = ctx.inputs[index]
+    if not isinstance(reader, DBReader):
+        raise ShapeError(ctx.describe(
+            f"input {ctx.input_name(index)!r} is a {type(reader).__name__}, not a DB reader; "
+            "create it with CreateDB (model.CreateDB / brew.db_input)."))
+    return reader
+
+
+@register_op("CreateDB", inputs=0, outputs=1, side_effects=True)
+def create_db(ctx: OpContext) -> Outputs:
+    """Open ``db`` (type ``db_type``, default leveldb) for reading; args num_shards,
+    shard_id.  The path is used as given (no root folder)."""
+    source = required_str(ctx, "db", "Must specify a db name.")
+    return (DBReader(ctx.str_arg("db_type", "leveldb"), source, ctx.int_arg("num_shards", 1),
+                     ctx.int_arg("shard_id", 0), name=ctx.output_name(0)),)
+
+
+@register_op("DBExists", inputs=0, outputs=1, side_effects=True)
+def db_exists_op(ctx: OpContext) -> Outputs:
+    """A bool scalar: does ``db_name`` (type ``db_type``) open for reading."""
+    path = resolve_path(ctx, ctx.str_arg("db_name", ""))
+    return (np.array(db_exists(ctx.str_arg("db_type", ""), path), dtype=np.bool_),)
+
+
+@register_op("TensorProtosDBInput", inputs=1, outputs=(1, None), side_effects=True)
+def tensor_protos_db_input(ctx: OpContext) -> Outputs:
+    """Read ``batch_size`` records (0: one record, unbatched) of ``TensorProtos``; output i
+    stacks ``protos[i]`` of each record."""
+    reader = reader_input(ctx)
+    batch_size = ctx.int_arg("batch_size", 0)
+    if batch_size < 0:
+        raise ArgumentError(ctx.describe(f"batch_size must be >= 0, got {batch_size}."))
+    values = reader.read_many(max(batch_size, 1))
+    where = f"TensorProtosDBInput reading {reader.db.where()}"
+    if batch_size == 0:
+        outputs = decode_tensor_protos(values[0], where)
+    else:
+        outputs = decode_tensor_protos_batch(values, where)
+    if len(outputs) != ctx.num_outputs:
+        raise ShapeError(ctx.describe(
+            f"the records of {reader.db.where()} hold {len(outputs)} TensorProtos each, the "
+            f"op has {ctx.num_outputs} outputs; give one output per proto in each record."))
+    return tuple(on_device(ctx, t) for t in outputs)
+
+
+@register_op("CreateBlobsQueueDB", inputs=1, outputs=1, side_effects=True)
+def create_blobs_queue_db(ctx: OpContext) -> Outputs:
+    """A DB reader whose cursor pops records from a blobs queue; args key_blob_index (-1),
+    value_blob_index (0), timeout_secs (0: wait forever)."""
+    db = BlobsQueueDB(ctx.inputs[0], ctx.int_arg("key_blob_index", -1),
+                      ctx.int_arg("value_blob_index", 0), ctx.float_arg("timeout_secs", 0.0),
+                      name=ctx.input_name(0))
+    return (DBReader.from_db(db, "blobs_queue_db", ctx.output_name(0)),)
+

@@ -1,0 +1,135 @@
+"""``lmdb``: an LMDB environment directory, through the ``lmdb`` package.
+
+As Caffe2 opens it: a 1 TB map, the unnamed main database, bytewise key order; NEW creates
+the directory (and fails if it exists), WRITE opens an existing one, READ opens read-only
+without locking.  A cursor reads one snapshot; a transaction commits and starts a new one.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from dpgraph.db.base import DB, Cursor, Mode, Transaction, as_bytes, register_db
+from dpgraph.errors import DBError, MissingDependencyError
+
+MAP_SIZE = 1 << 40
+
+
+def _lmdb() -> Any:
+    try:
+        import lmdb
+    except ImportError:
+        raise MissingDependencyError("The lmdb DB type needs the 'lmdb' package: "
+                                     "pip install lmdb") from None
+    return lmdb
+
+
+class LMDBCursor(Cursor):
+    def __init__(self, db: LMDB) -> None:
+        self._db = db
+        self._txn = db._env.begin(write=False, buffers=False)
+        self._cursor = self._txn.cursor()
+        self._valid = self._cursor.first()
+
+    def supports_seek(self) -> bool:
+        return True
+
+    def seek(self, key: Any) -> None:
+        key = as_bytes(key)
+        self._valid = self._cursor.set_range(key) if key else self._cursor.first()
+
+    def seek_to_first(self) -> None:
+        self._valid = self._cursor.first()
+
+    def next(self) -> None:
+        self._valid = self._cursor.next()
+
+    def key(self) -> bytes:
+        return self._cursor.key()
+
+    def value(self) -> bytes:
+        return self._cursor.value()
+
+    def valid(self) -> bool:
+        return self._valid
+
+    def close(self) -> None:
+        if self._txn is not None:
+            self._cursor.close()
+            self._txn.abort()
+            self._txn = None
+            self._valid = False
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+class LMDBTransaction(Transaction):
+    def __init__(self, db: LMDB) -> None:
+        self._db = db
+        self._txn: Any = db._env.begin(write=True)
+
+    def put(self, key: Any, value: Any) -> None:
+        if self._txn is None:
+            raise DBError(f"{self._db.where()}: the transaction is closed.")
+        try:
+            self._txn.put(as_bytes(key), as_bytes(value, "value"))
+        except _lmdb().Error as error:
+            raise DBError(f"{self._db.where(key)}: put failed: {error}") from None
+
+    def commit(self) -> None:
+        if self._txn is None:
+            return
+        try:
+            self._txn.commit()
+        except _lmdb().Error as error:
+            raise DBError(f"{self._db.where()}: commit failed: {error}") from None
+        self._txn = self._db._env.begin(write=True) if not self._db.closed else None
+
+    def close(self) -> None:
+        if self._txn is not None and not self._db.closed:
+            self._txn.commit()
+        self._txn = None
+
+
+class LMDB(DB):
+    type_name = "lmdb"
+
+    def __init__(self, source: str, mode: Mode) -> None:
+        super().__init__(source, mode)
+        lmdb = _lmdb()
+        if self.mode == Mode.new:
+            try:
+                os.mkdir(self.source, 0o744)
+            except OSError as error:
+                raise DBError(f"lmdb NEW: mkdir {self.source} failed ({error.strerror}); Save "
+                              "and NEW mode need a path that does not exist yet.") from None
+        try:
+            if self.mode == Mode.read:
+                self._env = lmdb.open(self.source, readonly=True, lock=False, create=False,
+                                      max_readers=1024)
+            else:
+                self._env = lmdb.open(self.source, map_size=MAP_SIZE, create=False, mode=0o664)
+        except lmdb.Error as error:
+            raise DBError(f"lmdb {self.mode.name}: cannot open {self.source!r}: {error}") \
+                from None
+
+    def new_cursor(self) -> Cursor:
+        self._check_open()
+        return LMDBCursor(self)
+
+    def new_transaction(self) -> Transaction:
+        self._check_mode((Mode.new, Mode.write), "a transaction")
+        return LMDBTransaction(self)
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self._env.close()
+
+
+register_db(LMDB, "LMDB", "lmdb")
