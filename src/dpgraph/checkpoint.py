@@ -27,11 +27,17 @@ from typing import Any
 
 import numpy as np
 
-from dpgraph.errors import CheckpointError, CheckpointWriteError, ProtoError
+from dpgraph.errors import (
+    CheckpointError,
+    CheckpointWriteError,
+    CorruptDataError,
+    ProtoError,
+    SerializationError,
+)
+from dpgraph.ir.blob_serde import numpy_to_tensor_proto, tensor_proto_to_numpy
 from dpgraph.ir.proto_io import parse_proto, write_proto
 from dpgraph.proto import caffe2_pb2
 from dpgraph.runtime import devices
-from dpgraph.runtime.serialization import DATA_TYPE_TO_NUMPY, numpy_to_data_type
 
 FORMAT_VERSION = 1
 MANIFEST_NAME = "__dpgraph_checkpoint__"
@@ -47,46 +53,28 @@ def _workspace(workspace: Any) -> Any:
 
 
 def _tensor(name: str, value: Any) -> caffe2_pb2.TensorProto:
-    proto = DT(name=name)
+    """A blob as a checkpoint TensorProto (numbers in ``raw_data``; a string blob as a
+    dims-less STRING tensor with one entry), through the package's one serializer."""
     if isinstance(value, (bytes, str)):
-        proto.data_type = DT.STRING
+        proto = DT(name=name, data_type=DT.STRING)
         proto.string_data.append(value.encode("utf-8") if isinstance(value, str) else value)
         return proto
     if not devices.is_array(value):
         raise CheckpointError(f"Blob {name!r} holds a {type(value).__name__}, not a tensor or "
                               "a string; only tensors and strings can be checkpointed.")
-    array = np.asarray(devices.to_host(value))
-    proto.dims.extend(array.shape)
     try:
-        proto.data_type = numpy_to_data_type(array.dtype)  # type: ignore[assignment]
-    except ProtoError as error:
+        return numpy_to_tensor_proto(devices.to_host(value), name, raw=True)
+    except SerializationError as error:
         raise CheckpointError(f"Blob {name!r}: {error}") from None
-    if proto.data_type == DT.STRING:
-        proto.string_data.extend(v.encode("utf-8") if isinstance(v, str) else bytes(v)
-                                 for v in array.reshape(-1))
-    else:
-        proto.raw_data = np.ascontiguousarray(array).astype(
-            array.dtype.newbyteorder("<"), copy=False).tobytes()
-    return proto
 
 
 def _value(proto: caffe2_pb2.TensorProto, path: str) -> Any:
     if proto.data_type == DT.STRING and not proto.dims and len(proto.string_data) == 1:
         return bytes(proto.string_data[0])
-    dtype = DATA_TYPE_TO_NUMPY.get(proto.data_type)
-    if dtype is None:
-        raise CheckpointError(f"{path}: blob {proto.name!r} has unknown data_type "
-                              f"{proto.data_type}.")
-    shape = tuple(proto.dims)
-    if proto.data_type == DT.STRING:
-        values = np.empty(len(proto.string_data), dtype=object)
-        values[:] = list(proto.string_data)
-        return values.reshape(shape)
-    flat = np.frombuffer(proto.raw_data, dtype=dtype.newbyteorder("<"))
-    if flat.size != int(np.prod(shape, dtype=np.int64)):
-        raise CheckpointError(f"{path}: blob {proto.name!r} has {flat.size} values for dims "
-                              f"{list(shape)}; the file is corrupt.")
-    return flat.astype(dtype).reshape(shape)
+    try:
+        return tensor_proto_to_numpy(proto, f"{path}: blob {proto.name!r}")
+    except (SerializationError, CorruptDataError) as error:
+        raise CheckpointError(f"{error}; the file is corrupt.") from None
 
 
 def _crc(protos: Iterable[caffe2_pb2.TensorProto]) -> int:
