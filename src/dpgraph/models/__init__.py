@@ -1,0 +1,1 @@
+"""Caffe2's ``models`` package: the model zoo builders (resnet, shufflenet)."""
