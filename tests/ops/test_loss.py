@@ -238,3 +238,145 @@ def test_label_cross_entropy_one_dimensional_input_is_one_row() -> None:
     p = np.array([0.2, 0.5, 0.3])
     (y,) = run_op(make_op("LabelCrossEntropy", ["P", "label"], ["Y"]), [p, np.array([1])])
     np.testing.assert_allclose(y, [-np.log(0.5)])
+
+
+# --- stability: logits up to +-1e4, float64 references ---------------------------------------
+# Each loss and its gradient op run under numpy's strictest error state (overflow, divide and
+# invalid raise; RuntimeWarnings are errors) and must equal a float64 reference written from
+# the loss's definition (with Caffe2's clamps where Caffe2 clamps: log(max(p, FLT_MIN)) in the
+# focal losses).  Underflow (exp(-1e4) -> 0) is exact rounding, not an error.
+from scipy.special import expit, log_expit, log_softmax  # noqa: E402
+
+FLT_MIN = float(np.finfo(np.float32).tiny)
+EXTREME = np.array([-1e4, -3e3, -100.0, -88.0, -30.0, -1.0, 0.0, 0.5, 30.0, 88.0, 100.0,
+                    3e3, 1e4, -1e4 + 7, 1e4 - 7, 2.0], np.float32)
+
+
+def run_strict(op, inputs, grad_index: int = 0, d_loss: float = 1.3):
+    """(forward outputs, d input 0) with numpy errors and warnings raising."""
+    import warnings
+
+    from dpgraph.ops.testing import analytic_gradients
+
+    with warnings.catch_warnings(), np.errstate(over="raise", divide="raise",
+                                                invalid="raise", under="ignore"):
+        warnings.simplefilter("error")
+        outs = run_op(op, inputs)
+        grads = analytic_gradients(op, inputs, {grad_index: np.array(d_loss, np.float32)})
+    for value in [*outs, grads[0]]:
+        assert np.isfinite(np.asarray(value, np.float64)).all()
+    return outs, grads[0]
+
+
+def close(actual, expected, rtol=2e-6, atol_frac=1e-6):
+    expected = np.asarray(expected, np.float64)
+    atol = atol_frac * max(float(np.abs(expected).max(initial=0.0)), 1e-30)
+    np.testing.assert_allclose(np.asarray(actual, np.float64), expected, rtol=rtol, atol=atol)
+
+
+def test_sigmoid_cross_entropy_loss_stable_for_extreme_logits() -> None:
+    x = np.concatenate([EXTREME, EXTREME]).reshape(2, -1)
+    t = np.where(RNG.random(x.shape) < 0.5, 1, 0).astype(np.int32)
+    t[0, 3] = -1
+    op = make_op("SigmoidCrossEntropyLoss", ["X", "t"], ["l"], scale=0.7)
+    (loss,), dx = run_strict(op, [x, t])
+    x64, valid = x.astype(np.float64), t != -1
+    per = np.logaddexp(0.0, x64) - t * x64          # -t log p - (1 - t) log(1 - p)
+    count = valid.sum()
+    close(loss, 0.7 * np.where(valid, per, 0).sum() / count)
+    close(dx, np.where(valid, expit(x64) - t, 0) * 0.7 * 1.3 / count)
+
+
+def focal_inputs(num_classes: int, softmax: bool):
+    x = np.tile(EXTREME, 2).reshape(1, 2 * EXTREME.size, 1, 1)  # A = 32 // K anchors
+    anchors = x.shape[1] // num_classes
+    high = num_classes if softmax else num_classes + 1
+    labels = RNG.integers(-1, high, (1, anchors, 1, 1)).astype(np.int32)
+    # anchor 2 holds [30, 88, 100, 3e3]: its last class has probability exactly 1
+    labels[0, :4, 0, 0] = [1, 0, num_classes if not softmax else num_classes - 1, -1]
+    return x, labels, np.array([5.0], np.float32)
+
+
+@pytest.mark.parametrize("gamma", [2.0, 0.5, 1.0])
+def test_sigmoid_focal_loss_stable_for_extreme_logits(gamma: float) -> None:
+    x, labels, norm = focal_inputs(4, softmax=False)
+    op = make_op("SigmoidFocalLoss", ["X", "L", "N"], ["loss"], num_classes=4, gamma=gamma,
+                 alpha=0.25, scale=2.0)
+    (loss,), dx = run_strict(op, [x, labels, norm])
+    z = x.astype(np.float64).reshape(1, -1, 4, 1, 1)
+    t = labels[:, :, None]
+    cls = np.arange(1, 5).reshape(1, 1, 4, 1, 1)
+    pos, neg = (t == cls) * 0.25 / 5, ((t != -1) & (t != cls)) * 0.75 / 5
+    p = expit(z)
+    log_p = np.maximum(log_expit(z), np.log(FLT_MIN))  # Caffe2's log(max(p, FLT_MIN))
+    log_1mp = log_expit(-z)
+    term1 = (1 - p) ** gamma * log_p
+    term2 = p ** gamma * log_1mp
+    close(loss, -2.0 * (pos * term1 + neg * term2).sum())
+    d1 = (1 - p) ** gamma * (1 - p - p * gamma * log_p)
+    d2 = p ** gamma * (log_1mp * (1 - p) * gamma - p)
+    close(dx.reshape(z.shape), -(pos * d1 + neg * d2) * 2.0 * 1.3)
+
+
+@pytest.mark.parametrize("gamma", [2.0, 0.5, 1.0])
+def test_softmax_focal_loss_stable_for_extreme_logits(gamma: float) -> None:
+    x, labels, norm = focal_inputs(4, softmax=True)
+    op = make_op("SoftmaxFocalLoss", ["X", "L", "N"], ["loss", "P"], num_classes=4,
+                 gamma=gamma, alpha=0.25)
+    (loss, probs), dx = run_strict(op, [x, labels, norm])
+    z = x.astype(np.float64).reshape(1, -1, 4, 1, 1)
+    log_p = log_softmax(z, axis=2)
+    p = np.exp(log_p)
+    close(probs.reshape(z.shape), p, atol_frac=1e-7)
+    t = labels[:, :, None]
+    weight = np.where(t == 0, 0.75 / 5, np.where(t >= 1, 0.25 / 5, 0.0))
+    safe = np.maximum(t, 0)
+    p_t = np.take_along_axis(p, safe, axis=2)
+    log_pt = np.maximum(np.take_along_axis(log_p, safe, axis=2), np.log(FLT_MIN))
+    close(loss, -(weight * (1 - p_t) ** gamma * log_pt).sum())
+    one_m = 1 - p_t
+    with np.errstate(divide="ignore", invalid="ignore"):  # the reference takes the limit
+        power = np.where(one_m > 0, gamma * one_m ** (gamma - 1) * p_t * log_pt, 0.0)
+    buff = (-(one_m ** gamma) + power) * weight
+    onehot = safe == np.arange(4).reshape(1, 1, 4, 1, 1)
+    close(dx.reshape(z.shape), buff * (onehot - p) * 1.3, atol_frac=1e-6)
+
+
+def test_softmax_with_loss_stable_for_extreme_logits() -> None:
+    x = EXTREME.reshape(4, 4)
+    label = np.array([0, 3, 1, 2], np.int32)
+    op = make_op("SoftmaxWithLoss", ["X", "label"], ["P", "loss"])
+    (p, loss), dx = run_strict(op, [x, label], grad_index=1)
+    log_p = log_softmax(x.astype(np.float64), axis=1)
+    close(loss, -log_p[np.arange(4), label].mean())  # exact, not clamped at -log(1e-20)
+    assert float(loss) > 1e3
+    onehot = np.eye(4)[label]
+    close(dx, (np.exp(log_p) - onehot) * 1.3 / 4, atol_frac=1e-7)
+    close(p, np.exp(log_p), atol_frac=1e-7)
+
+
+@pytest.mark.parametrize("beta", [1.0, 0.11])
+def test_smooth_l1_losses_stable_for_extreme_values(beta: float) -> None:
+    y_hat = EXTREME.reshape(2, 8)
+    y = EXTREME[::-1].reshape(2, 8).copy()
+    a_in = np.full_like(y, 0.5)
+    a_out = np.full_like(y, 2.0)
+    op = make_op("SmoothL1Loss", ["Yh", "Y", "ai", "ao"], ["l"], beta=beta, scale=0.5)
+    (loss,), dx = run_strict(op, [y_hat, y, a_in, a_out])
+    d = 0.5 * (y_hat.astype(np.float64) - y)
+    per = np.where(np.abs(d) < beta, 0.5 * d * d / beta, np.abs(d) - 0.5 * beta)
+    close(loss, 0.5 * (2.0 * per).sum() / 2)
+    close(dx, np.where(np.abs(d) < beta, d / beta, np.sign(d)) * 0.5 * 2.0 * 0.5 / 2 * 1.3)
+    # SelectSmoothL1Loss on the same values, 4 channels per location
+    y_hat4 = EXTREME.reshape(1, 8, 1, 2)
+    locs = np.array([[0, 0, 0, 0], [0, 4, 0, 1]], np.float32)
+    targets = np.stack([EXTREME[[1, 3, 5, 7]], EXTREME[[8, 10, 12, 14]]])[:, ::-1].copy()
+    op = make_op("SelectSmoothL1Loss", ["Yh", "Y", "L", "S"], ["l"], beta=beta, scale=3.0)
+    (loss,), dx = run_strict(op, [y_hat4, targets, locs, np.array([2.0], np.float32)])
+    picked = np.stack([y_hat4[0, 0:4, 0, 0], y_hat4[0, 4:8, 0, 1]]).astype(np.float64)
+    d = picked - targets
+    per = np.where(np.abs(d) < beta, 0.5 * d * d / beta, np.abs(d) - 0.5 * beta)
+    close(loss, 3.0 * per.sum() / 2)
+    slope = np.where(np.abs(d) < beta, d / beta, np.sign(d)) * 3.0 * 1.3 / 2
+    close(dx[0, 0:4, 0, 0], slope[0])
+    close(dx[0, 4:8, 0, 1], slope[1])
