@@ -227,3 +227,56 @@ def load_predictor(path: str | os.PathLike[str]) -> Predictor:
     predict = read_proto(caffe2_pb2.NetDef, folder / PREDICT_NET_FILE)
     init = read_proto(caffe2_pb2.NetDef, folder / INIT_NET_FILE)
     return Predictor(predict, init, name=f"predictor:{folder.name}")
+
+
+def _parse_net(net: Any) -> caffe2_pb2.NetDef:
+    if isinstance(net, (bytes, bytearray)):
+        proto = caffe2_pb2.NetDef()
+        proto.ParseFromString(bytes(net))
+        return proto
+    return _net_proto(net)
+
+
+class WorkspacePredictor:
+    """Caffe2's ``workspace.Predictor(init_net, predict_net)`` (the C++ Predictor binding).
+
+    The init net (bytes or a NetDef) runs in the predictor's own workspace; predict-net
+    external inputs it does not create start out empty.  ``run`` takes arrays bound to
+    ``external_input[i]`` in order, or ``{name: array}``, and returns the external outputs.
+    """
+
+    def __init__(self, init_net: Any, predict_net: Any) -> None:
+        from dpgraph.runtime import Workspace
+
+        self.init_net = _parse_net(init_net)
+        self.predict_net = _parse_net(predict_net)
+        self.workspace = Workspace("predictor", seed=0)
+        try:
+            self.workspace.run_net_once(self.init_net)
+        except DpgraphError as error:
+            raise ExportError(f"Predictor: init net {self.init_net.name!r} failed: "
+                              f"{error}") from error
+        for name in self.predict_net.external_input:
+            if not self.workspace.has_blob(name):
+                self.workspace.create_blob(name)
+        self.workspace.create_net(self.predict_net, overwrite=True)
+
+    def _bind(self, inputs: Mapping[str, Any] | Sequence[Any]) -> dict[str, Any]:
+        if isinstance(inputs, Mapping):
+            return dict(inputs)
+        names = list(self.predict_net.external_input)
+        if len(inputs) > len(names):
+            raise ExportError(f"Predictor.run: {len(inputs)} inputs given but the predict "
+                              f"net has {len(names)} external inputs {names}")
+        return dict(zip(names, inputs))
+
+    def run(self, inputs: Mapping[str, Any] | Sequence[Any]) -> list[np.ndarray]:
+        """Feed the inputs, run the predict net once, return its external outputs."""
+        for name, value in self._bind(inputs).items():
+            if not isinstance(value, np.ndarray):
+                raise ExportError(f"Predictor.run: input {name!r} must be a numpy array, "
+                                  f"got {type(value).__name__}")
+            self.workspace.feed_blob(name, value)
+        self.workspace.run_net(self.predict_net.name)
+        return [np.asarray(self.workspace.fetch_blob(n))
+                for n in self.predict_net.external_output]
