@@ -229,8 +229,68 @@ def prepare_prediction_net(filename: str, db_type: str,
     return predict_net
 
 
+# --- models replicated by Parallelize ---------------------------------------------------------
+def _strip(name: str, prefix: str) -> str:
+    return name[len(prefix):] if name.startswith(prefix) else name
+
+
+def parallel_model_export_meta(model: Any, inputs: Iterable[Any], outputs: Iterable[Any],
+                               shapes: dict[str, Any] | None = None, **meta_kwargs: Any
+                               ) -> tuple[PredictorExportMeta, dict[str, str]]:
+    """The export meta of the first device of a Parallelized (test-mode) model, with the
+    device prefix (``gpu_0/``, ``cpu_0/``) stripped from every blob, on CPU.
+
+    Returns ``(meta, {exported name: workspace blob name})``; :func:`save_parallel_model`
+    saves it.  ``inputs``/``outputs`` are unprefixed (``["data"]``, ``["softmax"]``).
+    """
+    from dpgraph.modeling.model_helper import ExtractPredictorNet
+
+    prefix = f"{model._device_prefix}_{model._devices[0]}/"
+    source = caffe2_pb2.NetDef()
+    source.CopyFrom(model.net.Proto())  # ExtractPredictorNet moves the kept ops in place
+    inputs, outputs = [str(b) for b in inputs], [str(b) for b in outputs]
+    predict_net, params = ExtractPredictorNet(
+        source, [prefix + b for b in inputs], [prefix + b for b in outputs],
+        DeviceOption(caffe2_pb2.PROTO_CPU))
+    proto = predict_net.Proto()
+    for op in proto.op:
+        for field in (op.input, op.output):
+            field[:] = [_strip(b, prefix) for b in field]
+    for field in (proto.external_input, proto.external_output):
+        field[:] = [_strip(b, prefix) for b in field]
+    sources = {_strip(str(p), prefix): str(p) for p in params}
+    meta = PredictorExportMeta(proto, list(sources), inputs, outputs, shapes=shapes,
+                               **meta_kwargs)
+    return meta, sources
+
+
+def save_parallel_model(db_type: str, db_destination: str, model: Any, inputs: Iterable[Any],
+                        outputs: Iterable[Any], shapes: dict[str, Any] | None = None,
+                        **kwargs: Any) -> PredictorExportMeta:
+    """``save_to_db`` for the first device of a Parallelized test model, without device
+    prefixes: the parameters are copied into a scratch workspace under their exported
+    names and saved from there; the current workspace is left unchanged."""
+    meta, sources = parallel_model_export_meta(model, inputs, outputs, shapes)
+    values = {name: api.FetchBlob(blob) for name, blob in sources.items()}
+    shape_source = {b: np.shape(api.FetchBlob(f"{model._device_prefix}_{model._devices[0]}/"
+                                              + b))
+                    for b in meta.inputs + meta.outputs if b not in meta.shapes}
+    meta = meta._replace(shapes={**shape_source, **meta.shapes})
+    previous = api.CurrentWorkspace()
+    scratch = f"__dpgraph_export_{previous}"
+    api.SwitchWorkspace(scratch, True)
+    try:
+        for name, value in values.items():
+            api.FeedBlob(name, value)
+        save_to_db(db_type, db_destination, meta, **kwargs)
+    finally:
+        api.ResetWorkspace()
+        api.SwitchWorkspace(previous)
+    return meta
+
+
 __all__ = [
-    "PredictorExportMeta", "get_meta_net_def", "get_predictor_exporter_helper",
+    "PredictorExportMeta", "parallel_model_export_meta", "save_parallel_model", "get_meta_net_def", "get_predictor_exporter_helper",
     "load_from_db", "predictor_constants", "prepare_prediction_net", "save_to_db",
     "set_model_info",
 ]
