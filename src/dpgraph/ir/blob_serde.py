@@ -485,6 +485,12 @@ def _fields(data: bytes) -> Iterator[tuple[int, Any]]:
         yield number, value
 
 
+def wire_fields(data: bytes) -> Iterator[tuple[int, Any]]:
+    """``(field_number, value)`` of a protobuf message's wire bytes: varints as ints,
+    length-delimited fields as bytes, fixed-width fields as their raw bytes."""
+    return _fields(bytes(data))
+
+
 def _signed64(value: int) -> int:
     return value - (1 << 64) if value >= 1 << 63 else value
 

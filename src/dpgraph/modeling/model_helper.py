@@ -11,7 +11,6 @@ from dpgraph.errors import (
     ModelConfigError,
     ModelError,
     ModelStateError,
-    NotSupportedError,
     UnknownOperatorError,
 )
 from dpgraph.ir import scope
@@ -227,10 +226,7 @@ class ModelHelper:
         self.net.RunAllOnGPU(*args, **kwargs)
 
     def CreateDB(self, blob_out: Any, db: str, db_type: str, **kwargs: Any) -> Any:
-        if "CreateDB" not in OPERATORS:
-            raise NotSupportedError(
-                f"CreateDB({db!r}, db_type={db_type!r}): dpgraph has no DB backends; feed "
-                "data with workspace.FeedBlob or a queue instead.")
+        """Add ``CreateDB`` to ``param_init_net``; returns the DB reader blob."""
         return self.param_init_net.CreateDB([], blob_out, db=db, db_type=db_type, **kwargs)
 
     def TensorProtosDBInput(self, unused_blob_in: Any, blob_out: Any, batch_size: int,
@@ -241,7 +237,7 @@ class ModelHelper:
                 "model.net.TensorProtosDBInput instead to create the op.")
         from dpgraph.modeling.brew.db_input import db_input
 
-        return db_input(self, blob_out, batch_size, db, db_type, **kwargs)
+        return db_input(self, blob_out, batch_size, db, db_type, **kwargs)  # type: ignore[call-arg]
 
     def GetDevices(self) -> list[Any]:
         if len(self._devices) == 0:

@@ -1,1 +1,259 @@
-"""The ImageInput operator: decode, resize, crop, mirror, colour and normalise images from a DB."""
+"""ImageInput: decode, augment and batch images from a DB of TensorProtos or CaffeDatum.
+
+Inputs: a DB reader (or none: then args ``db``/``db_type`` open one).  Outputs: ``data``
+(float32 NHWC, BGR; NCHW and FLOAT/FLOAT16 on the GPU-transform path), ``label`` and any
+additional outputs.  Images are decoded by ``decode_threads`` pool threads, one batch ahead
+of the consumer unless ``no_prefetch``.  With ``device_option.random_seed`` set the random
+crops and mirrors follow that seed; otherwise they follow the op's own random stream.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from dpgraph.data import records as rec
+from dpgraph.data.image import ImageParams, transform
+from dpgraph.data.prefetch import Prefetcher, decode_pool
+from dpgraph.db import DBReader
+from dpgraph.errors import ArgumentError, DataInputError
+from dpgraph.ir.registry import register_op
+from dpgraph.ops.context import OpContext, Outputs
+from dpgraph.ops.db import on_device, reader_input
+from dpgraph.proto import caffe2_pb2
+
+DT = caffe2_pb2.TensorProto
+_OWN_READERS: dict[bytes, DBReader] = {}
+_STATE_LOCK = threading.Lock()
+
+
+@dataclass(frozen=True)
+class _Config:
+    batch_size: int
+    label_type: int
+    num_labels: int
+    caffe_datum: bool
+    output_sizes: tuple[int, ...]
+    threads: int
+    max_error_ratio: float
+    gpu_transform: bool
+    output_float16: bool
+    params: ImageParams
+
+
+def _per_channel(ctx: OpContext, name: str, scalar: str, default: float) -> tuple[float, ...]:
+    values = ctx.floats_arg(name, [ctx.float_arg(scalar, default)])
+    if len(values) not in (1, 3):
+        raise ArgumentError(ctx.describe(f"{name} must have 1 or 3 values (BGR), got "
+                                         f"{len(values)}."))
+    return tuple(values * 3) if len(values) == 1 else tuple(values)
+
+
+def _output_float16(ctx: OpContext) -> bool:
+    value = ctx.arg("output_type", DT.FLOAT)
+    if isinstance(value, str):
+        name = value.upper()
+        if name not in ("FLOAT", "FLOAT16"):
+            raise ArgumentError(ctx.describe(f"output_type must be float or float16, got "
+                                             f"{value!r}."))
+        return name == "FLOAT16"
+    return int(value) == DT.FLOAT16
+
+
+def _check_sizes(ctx: OpContext, scale: int, minsize: int, crop: int,
+                 random_scale: list[int]) -> int:
+    if len(random_scale) != 2 or random_scale[1] < random_scale[0]:
+        raise ArgumentError(ctx.describe(f"random_scale must be [min, max] with max >= min, "
+                                         f"got {random_scale}."))
+    if random_scale[0] > 0:
+        minsize = random_scale[0]
+    if (scale > 0) == (minsize > 0):
+        raise ArgumentError(ctx.describe("Must provide one and only one of scaling or minsize "
+                                         f"(scale={scale}, minsize={minsize})."))
+    if crop <= 0 or max(scale, minsize) < crop:
+        raise ArgumentError(ctx.describe(f"crop must be > 0 and no larger than scale/minsize; "
+                                         f"got crop={crop}, scale={scale}, minsize={minsize}."))
+    return minsize
+
+
+def _config(ctx: OpContext) -> _Config:
+    batch_size = ctx.int_arg("batch_size", 0)
+    if batch_size <= 0:
+        raise ArgumentError(ctx.describe(f"Batch size should be nonnegative (> 0), got "
+                                         f"{batch_size}."))
+    label_type, num_labels = ctx.int_arg("label_type", 0), ctx.int_arg("num_labels", 0)
+    if label_type not in range(6):
+        raise ArgumentError(ctx.describe(f"unknown label_type {label_type} (0-5)."))
+    if label_type not in (rec.SINGLE_LABEL, rec.SINGLE_LABEL_WEIGHTED) and num_labels <= 0:
+        raise ArgumentError(ctx.describe(f"label_type {label_type} needs num_labels > 0."))
+    caffe_datum = bool(ctx.int_arg("use_caffe_datum", 0))
+    if caffe_datum and (label_type not in (0, 4) or ctx.num_outputs != 2):
+        raise ArgumentError(ctx.describe("use_caffe_datum allows only label types 0/4 and "
+                                         "exactly 2 outputs."))
+    extra = ctx.num_outputs - 2
+    sizes = ctx.ints_arg("output_sizes", [1] * extra)
+    if len(sizes) != extra:
+        raise ArgumentError(ctx.describe(f"output_sizes has {len(sizes)} entries for {extra} "
+                                         "additional outputs."))
+    scale, crop = ctx.int_arg("scale", -1), ctx.int_arg("crop", -1)
+    random_scale = ctx.ints_arg("random_scale", [-1, -1])
+    minsize = _check_sizes(ctx, scale, ctx.int_arg("minsize", -1), crop, random_scale)
+    mean = _per_channel(ctx, "mean_per_channel", "mean", 0.0)
+    std = _per_channel(ctx, "std_per_channel", "std", 1.0)
+    if ctx.has_arg("mean_per_channel") and ctx.has_arg("std_per_channel") and \
+            len(ctx.floats_arg("mean_per_channel")) != len(ctx.floats_arg("std_per_channel")):
+        raise ArgumentError(ctx.describe("mean_per_channel and std_per_channel must have the "
+                                         "same length."))
+    box = tuple(ctx.int_arg(f"bounding_{k}", -1) for k in ("ymin", "xmin", "height", "width"))
+    gpu_transform = bool(ctx.int_arg("use_gpu_transform", 0)) and ctx.device.device_type != 0
+    params = ImageParams(
+        crop=crop, scale=scale, minsize=minsize, warp=bool(ctx.int_arg("warp", 0)),
+        channels=3 if ctx.int_arg("color", 1) else 1, is_test=bool(ctx.int_arg("is_test", 0)),
+        mirror=bool(ctx.int_arg("mirror", 0)),
+        scale_jitter_type=ctx.int_arg("scale_jitter_type", 0),
+        random_scale=(random_scale[0], random_scale[1]),
+        color_jitter=bool(ctx.int_arg("color_jitter", 0)),
+        saturation=ctx.float_arg("img_saturation", 0.4),
+        brightness=ctx.float_arg("img_brightness", 0.4),
+        contrast=ctx.float_arg("img_contrast", 0.4),
+        color_lighting=bool(ctx.int_arg("color_lighting", 0)),
+        lighting_std=ctx.float_arg("color_lighting_std", 0.1), mean=mean, std=std,
+        bbox=box if min(box) >= 0 else None, gpu_transform=gpu_transform)  # type: ignore
+    return _Config(batch_size, label_type, num_labels, caffe_datum, tuple(sizes),
+                   ctx.int_arg("decode_threads", 4),
+                   ctx.float_arg("max_decode_error_ratio", 1.0), gpu_transform,
+                   _output_float16(ctx), params)
+
+
+# --- one batch ---------------------------------------------------------------------------
+def _parse(value: bytes, cfg: _Config, where: str) -> rec.ImageRecord:
+    if cfg.caffe_datum:
+        return rec.parse_caffe_datum(value, where)
+    return rec.parse_tensor_protos(value, cfg.label_type, len(cfg.output_sizes), where)
+
+
+def _one_image(value: bytes, cfg: _Config, seed: np.random.SeedSequence, where: str
+               ) -> tuple[rec.ImageRecord, np.ndarray, bool]:
+    record = _parse(value, cfg, where)
+    params = cfg.params
+    if record.bbox is not None:
+        params = ImageParams(**{**params.__dict__, "bbox": record.bbox})
+    pixels, failed = transform(record, params, np.random.default_rng(seed))
+    return record, pixels, failed
+
+
+def _labels(records: list[rec.ImageRecord], cfg: _Config, where: str) -> np.ndarray:
+    dtype = records[0].label.dtype
+    count = len(records)
+    if cfg.label_type in (rec.SINGLE_LABEL, rec.SINGLE_LABEL_WEIGHTED):
+        out = np.empty(count, dtype=dtype)
+        for row, record in enumerate(records):
+            if record.label.size < 1:
+                raise DataInputError(f"{where}: record {row} has no label value.")
+            out[row] = record.label[0]
+        return out
+    weighted = cfg.label_type == rec.MULTI_LABEL_WEIGHTED_SPARSE
+    out = np.zeros((count, cfg.num_labels), dtype=np.float32 if weighted else dtype)
+    for row, record in enumerate(records):
+        if cfg.label_type in (rec.MULTI_LABEL_DENSE, rec.EMBEDDING_LABEL):
+            if record.label.size != cfg.num_labels:
+                raise DataInputError(f"{where}: record {row} has {record.label.size} label "
+                                     f"values, num_labels is {cfg.num_labels}.")
+            out[row] = record.label
+            continue
+        indices = record.label.astype(np.int64)
+        if indices.size and (indices.min() < 0 or indices.max() >= cfg.num_labels):
+            raise DataInputError(f"{where}: record {row} has label indices outside "
+                                 f"[0, {cfg.num_labels}).")
+        if weighted:
+            weights = record.weights if record.weights is not None else np.ones(indices.size)
+            out[row, indices] = weights[:indices.size]
+        else:
+            out[row, indices] = 1
+    return out
+
+
+def _extras(records: list[rec.ImageRecord], cfg: _Config, where: str) -> list[np.ndarray]:
+    outputs = []
+    for i, width in enumerate(cfg.output_sizes):
+        out = np.zeros((len(records), width), dtype=records[0].extras[i].dtype)
+        for row, record in enumerate(records):
+            values = record.extras[i]
+            if values.size != width:
+                raise DataInputError(f"{where}: record {row}, additional output {i} has "
+                                     f"{values.size} values, output_sizes says {width}.")
+            out[row] = values
+        outputs.append(out)
+    return outputs
+
+
+def _produce(reader: DBReader, cfg: _Config, batch_seed: int) -> list[np.ndarray]:
+    where = f"ImageInput reading {reader.db.where()}"
+    values = reader.read_many(cfg.batch_size)
+    seeds = np.random.SeedSequence(batch_seed).spawn(cfg.batch_size)
+    pool = decode_pool(cfg.threads)
+    futures = [pool.submit(_one_image, value, cfg, seed, f"{where}, record {row}")
+               for row, (value, seed) in enumerate(zip(values, seeds))]
+    results = [future.result() for future in futures]
+    records = [r for r, _, _ in results]
+    errors = sum(failed for _, _, failed in results)
+    if errors / cfg.batch_size > cfg.max_error_ratio:
+        raise DataInputError(f"{where}: {errors} of {cfg.batch_size} images failed to decode, "
+                             f"more than max_decode_error_ratio {cfg.max_error_ratio}.")
+    data = np.stack([pixels for _, pixels, _ in results])
+    if cfg.gpu_transform:
+        data = _gpu_transform(data, cfg)
+    return [data, _labels(records, cfg, where), *_extras(records, cfg, where)]
+
+
+def _gpu_transform(data: np.ndarray, cfg: _Config) -> np.ndarray:
+    """The GPU path's normalisation of uint8 NHWC crops: NCHW, FLOAT or FLOAT16."""
+    channels = data.shape[-1]
+    mean = np.asarray(cfg.params.mean[:channels], dtype=np.float32)
+    scale = 1.0 / np.asarray(cfg.params.std[:channels], dtype=np.float32)
+    out = ((data.astype(np.float32) - mean) * scale).transpose(0, 3, 1, 2)
+    return np.ascontiguousarray(out, dtype=np.float16 if cfg.output_float16 else np.float32)
+
+
+# --- the op ------------------------------------------------------------------------------
+def _reader(ctx: OpContext) -> DBReader:
+    if ctx.num_inputs:
+        return reader_input(ctx)
+    key = ctx.op.SerializeToString()
+    with _STATE_LOCK:
+        reader = _OWN_READERS.get(key)
+        if reader is None:
+            source = ctx.str_arg("db", "")
+            if not source:
+                raise ArgumentError(ctx.describe("give a DB reader input (CreateDB) or the "
+                                                 "db argument."))
+            reader = DBReader(ctx.str_arg("db_type", "leveldb"), source)
+            _OWN_READERS[key] = reader
+        return reader
+
+
+def _prefetcher(reader: DBReader, ctx: OpContext) -> Prefetcher:
+    key = ctx.op.SerializeToString()
+    with _STATE_LOCK:
+        table = reader.__dict__.setdefault("_prefetchers", {})
+        return table.setdefault(key, Prefetcher())
+
+
+def _batch_seed(ctx: OpContext) -> int:
+    return int(ctx.rng.integers(0, 2**63 - 1))
+
+
+@register_op("ImageInput", inputs=(0, 1), outputs=(2, None), side_effects=True)
+def image_input(ctx: OpContext) -> Outputs:
+    """Batches of decoded, cropped, normalised images with their labels (see module doc)."""
+    cfg = _config(ctx)
+    reader = _reader(ctx)
+    if ctx.int_arg("no_prefetch", 0):
+        outputs = _produce(reader, cfg, _batch_seed(ctx))
+    else:
+        outputs = _prefetcher(reader, ctx).next(
+            lambda seed: _produce(reader, cfg, seed), lambda: _batch_seed(ctx))
+    return tuple(on_device(ctx, out) for out in outputs)

@@ -118,7 +118,7 @@ def save_to(ctx: OpContext, db_path: str) -> None:
         db.close()
 
 
-@register_op("Save", inputs=(1, None), outputs=0, side_effects=True)
+@register_op("Save", inputs=(1, None), outputs=0, side_effects=True, cross_device=True)
 def save(ctx: OpContext) -> Outputs:
     """Write the inputs to a new DB ``db`` of type ``db_type``; args absolute_path,
     strip_prefix, blob_name_overrides, chunk_size, options, db_options."""
@@ -318,5 +318,5 @@ def _checkpoint(ctx: OpContext) -> Outputs:
     return ()
 
 
-register_op("Checkpoint", inputs=(1, None), outputs=0, side_effects=True)(_checkpoint)
-register_op("Snapshot", inputs=(1, None), outputs=0, side_effects=True)(_checkpoint)
+register_op("Checkpoint", inputs=(1, None), outputs=0, side_effects=True, cross_device=True)(_checkpoint)
+register_op("Snapshot", inputs=(1, None), outputs=0, side_effects=True, cross_device=True)(_checkpoint)

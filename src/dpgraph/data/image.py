@@ -1,0 +1,213 @@
+"""ImageInput's per-image pipeline (CPU path), in Caffe2's order:
+
+1. decode to HWC uint8, BGR (or gray), converting gray<->colour as requested;
+2. crop to the bounding box (ignored when it does not fit);
+3. inception-style random-sized crop (``scale_jitter_type=1``, training only);
+4. resize so the shorter side is ``scale`` (or up to ``minsize`` / a ``random_scale`` draw;
+   ``warp`` resizes to a square) with area averaging (bilinear when enlarging);
+5. crop ``crop`` x ``crop``: centred in test mode, at a random offset in training;
+6. mirror (p=0.5, training only), then float32;
+7. colour jitter (saturation, brightness, contrast in a random order), 8. PCA lighting;
+9. ``(v - mean[c]) / std[c]`` per BGR channel.
+
+Pillow decodes and resizes (it releases the GIL, so decode threads run in parallel).
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from PIL import Image
+
+from dpgraph.data.records import ImageRecord
+
+#: PCA lighting: eigenvectors (rows R, G, B) and eigenvalues of ImageNet pixel covariance.
+EIGVEC = np.array([[-144.7125, 183.396, 102.2295], [-148.104, -1.1475, -207.57],
+                   [-148.818, -177.174, 107.1765]], dtype=np.float32)
+EIGVAL = np.array([0.2175, 0.0188, 0.0045], dtype=np.float32)
+ERROR_SIDE = 224
+
+
+@dataclass(frozen=True)
+class ImageParams:
+    """The ImageInput arguments the per-image pipeline uses."""
+
+    crop: int
+    scale: int = -1
+    minsize: int = -1
+    warp: bool = False
+    channels: int = 3
+    is_test: bool = False
+    mirror: bool = False
+    scale_jitter_type: int = 0
+    random_scale: tuple[int, int] = (-1, -1)
+    color_jitter: bool = False
+    saturation: float = 0.4
+    brightness: float = 0.4
+    contrast: float = 0.4
+    color_lighting: bool = False
+    lighting_std: float = 0.1
+    mean: tuple[float, ...] = (0.0, 0.0, 0.0)
+    std: tuple[float, ...] = (1.0, 1.0, 1.0)
+    bbox: tuple[int, int, int, int] | None = None
+    gpu_transform: bool = False
+
+
+def decode(record: ImageRecord, channels: int) -> Image.Image:
+    """The record's image as a Pillow image in RGB (3 channels) or L (1 channel)."""
+    if record.encoded is not None:
+        image = Image.open(io.BytesIO(record.encoded))
+        image.load()
+    else:
+        assert record.pixels is not None
+        pixels = record.pixels
+        image = Image.fromarray(pixels[:, :, 0] if pixels.shape[2] == 1
+                                else np.ascontiguousarray(pixels[:, :, ::-1]))
+    wanted = "RGB" if channels == 3 else "L"
+    return image if image.mode == wanted else image.convert(wanted)
+
+
+def _bbox(image: Image.Image, box: tuple[int, int, int, int] | None) -> Image.Image:
+    if box is None or min(box) < 0:
+        return image
+    ymin, xmin, height, width = box
+    if image.height < ymin + height or image.width < xmin + width:
+        return image
+    return image.crop((xmin, ymin, xmin + width, ymin + height))
+
+
+def _resize(image: Image.Image, width: int, height: int) -> Image.Image:
+    enlarge = width > image.width or height > image.height
+    return image.resize((width, height), Image.BILINEAR if enlarge else Image.BOX)
+
+
+def _inception_crop(image: Image.Image, crop: int, rng: np.random.Generator
+                    ) -> Image.Image | None:
+    height, width = image.height, image.width
+    area = height * width
+    for _ in range(10):
+        target = math.ceil(rng.uniform(0.08, 1.0) * area)
+        ratio = rng.uniform(3 / 4, 4 / 3)
+        new_h, new_w = int(math.sqrt(target / ratio)), int(math.sqrt(target * ratio))
+        if 1 <= new_h <= height and 1 <= new_w <= width:
+            y = int(rng.integers(0, height - new_h + 1))
+            x = int(rng.integers(0, width - new_w + 1))
+            return _resize(image.crop((x, y, x + new_w, y + new_h)), crop, crop)
+    return None
+
+
+def _rescale(image: Image.Image, params: ImageParams, rng: np.random.Generator
+             ) -> Image.Image:
+    low, high = params.random_scale
+    if low > 0:
+        side = int(rng.integers(low, high + 1))
+    else:
+        side = params.scale if params.scale > 0 else params.minsize
+    rows, cols = image.height, image.width
+    if params.warp:
+        height = width = side
+    elif rows > cols:
+        width, height = side, int(rows * side / cols)
+    else:
+        height, width = side, int(cols * side / rows)
+    changed = (height, width) != (rows, cols)
+    if (params.scale > 0 and changed) or height > rows or width > cols:
+        return _resize(image, width, height)
+    return image
+
+
+def crop_pixels(image: Image.Image, params: ImageParams, rng: np.random.Generator
+                ) -> np.ndarray:
+    """Steps 1-6: the ``crop`` x ``crop`` x C uint8 pixels (BGR), mirrored if drawn."""
+    image = _bbox(image, params.bbox)
+    cropped = None
+    if params.scale_jitter_type == 1 and not params.is_test:
+        cropped = _inception_crop(image, params.crop, rng)
+    if cropped is None:
+        image = _rescale(image, params, rng)
+    else:
+        image = cropped
+    pixels = np.asarray(image)
+    if pixels.ndim == 2:
+        pixels = pixels[:, :, None]
+    rows, cols = pixels.shape[:2]
+    crop = params.crop
+    if rows < crop or cols < crop:
+        raise ValueError(f"Image height must be bigger than crop: the image is {rows}x{cols} "
+                         f"after resizing, crop is {crop}.")
+    if params.is_test:
+        x, y = (cols - crop) // 2, (rows - crop) // 2
+    else:
+        x = int(rng.integers(0, cols - crop + 1))
+        y = int(rng.integers(0, rows - crop + 1))
+    pixels = pixels[y:y + crop, x:x + crop, ::-1]  # RGB -> BGR
+    mirror = params.mirror and (params.gpu_transform or not params.is_test)
+    if mirror and rng.random() < 0.5:
+        pixels = pixels[:, ::-1]
+    return pixels
+
+
+def _gray(values: np.ndarray) -> np.ndarray:
+    return 0.114 * values[..., 0] + 0.587 * values[..., 1] + 0.299 * values[..., 2]
+
+
+def _jitter(values: np.ndarray, params: ImageParams, rng: np.random.Generator) -> np.ndarray:
+    for step in rng.permutation(3):
+        if step == 0:
+            alpha = np.float32(1 + rng.uniform(-params.saturation, params.saturation))
+            values = values * alpha + (_gray(values) * (1 - alpha))[..., None]
+        elif step == 1:
+            values = values * np.float32(1 + rng.uniform(-params.brightness, params.brightness))
+        else:
+            alpha = np.float32(1 + rng.uniform(-params.contrast, params.contrast))
+            values = values * alpha + np.float32(_gray(values).mean() * (1 - alpha))
+    return values.astype(np.float32, copy=False)
+
+
+def _lighting(values: np.ndarray, params: ImageParams, rng: np.random.Generator
+              ) -> np.ndarray:
+    alphas = rng.normal(0.0, params.lighting_std, size=3).astype(np.float32)
+    delta_rgb = EIGVEC @ (EIGVAL * alphas)
+    return values + delta_rgb[::-1].astype(np.float32)
+
+
+def normalize(pixels: np.ndarray, params: ImageParams) -> np.ndarray:
+    """Step 9 on uint8 or float pixels: float32 ``(v - mean[c]) * (1/std[c])``."""
+    channels = pixels.shape[-1]
+    mean = np.asarray(params.mean[:channels], dtype=np.float32)
+    scale = (1.0 / np.asarray(params.std[:channels], dtype=np.float32)).astype(np.float32)
+    return (pixels.astype(np.float32) - mean) * scale
+
+
+def transform(record: ImageRecord, params: ImageParams, rng: np.random.Generator
+              ) -> tuple[np.ndarray, bool]:
+    """The whole pipeline: float32 HWC BGR (uint8 crop for the GPU transform path), and
+    whether decoding failed (the image is then a 224x224 zero image, as in Caffe2)."""
+    try:
+        image, failed = decode(record, params.channels), False
+    except Exception:  # noqa: BLE001  (any decoder failure counts as a decode error)
+        zeros = error_image(params.channels)
+        image, failed = Image.fromarray(zeros[:, :, 0] if params.channels == 1 else zeros), True
+    return _finish(crop_pixels(image, params, rng), params, rng), failed
+
+
+def _finish(pixels: np.ndarray, params: ImageParams, rng: np.random.Generator) -> np.ndarray:
+    if params.gpu_transform:
+        return np.ascontiguousarray(pixels)
+    if (params.color_jitter or params.color_lighting) and not params.is_test \
+            and params.channels == 3:
+        values = pixels.astype(np.float32)
+        if params.color_jitter:
+            values = _jitter(values, params, rng)
+        if params.color_lighting:
+            values = _lighting(values, params, rng)
+        return normalize(values, params)
+    return normalize(pixels, params)
+
+
+def error_image(channels: int) -> np.ndarray:
+    """What a record that fails to decode becomes (before cropping): a 224x224 zero image."""
+    return np.zeros((ERROR_SIDE, ERROR_SIDE, channels), dtype=np.uint8)

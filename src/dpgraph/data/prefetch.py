@@ -1,0 +1,63 @@
+"""Decode thread pools and one-batch-ahead prefetching for the input ops.
+
+Pools are shared per size and live for the process (idle threads cost nothing and are
+joined at exit).  A :class:`Prefetcher` keeps the next batch in flight: each call returns the
+batch started by the previous call and starts the next one, so the delivered sequence is the
+same as reading synchronously.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+_POOLS: dict[int, ThreadPoolExecutor] = {}
+_LOCK = threading.Lock()
+
+
+def decode_pool(threads: int) -> ThreadPoolExecutor:
+    """The shared pool with ``threads`` workers."""
+    threads = max(1, int(threads))
+    with _LOCK:
+        pool = _POOLS.get(threads)
+        if pool is None:
+            pool = ThreadPoolExecutor(threads, thread_name_prefix=f"dpgraph-decode{threads}")
+            _POOLS[threads] = pool
+        return pool
+
+
+_PREFETCH_POOL: list[ThreadPoolExecutor] = []
+
+
+def _prefetch_pool() -> ThreadPoolExecutor:
+    with _LOCK:
+        if not _PREFETCH_POOL:
+            _PREFETCH_POOL.append(ThreadPoolExecutor(4, thread_name_prefix="dpgraph-prefetch"))
+        return _PREFETCH_POOL[0]
+
+
+class Prefetcher:
+    """Runs ``produce(token)`` one call ahead on a background thread."""
+
+    def __init__(self) -> None:
+        self._pending: Future[Any] | None = None
+        self._lock = threading.Lock()
+
+    def next(self, produce: Callable[[Any], Any], draw: Callable[[], Any]) -> Any:
+        """The next batch (prefetched by the previous call, else produced now from a fresh
+        ``draw()`` token); then start producing the following one from another ``draw()``.
+        Tokens are drawn in batch order, so the batches match synchronous reading."""
+        with self._lock:
+            pending, self._pending = self._pending, None
+            result = pending.result() if pending is not None else produce(draw())
+            self._pending = _prefetch_pool().submit(produce, draw())
+            return result
+
+    def cancel(self) -> None:
+        """Wait for the batch in flight and drop it (its records are consumed)."""
+        with self._lock:
+            pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.exception()
