@@ -95,3 +95,6 @@ from dpgraph.autodiff import IR  # noqa: E402
 from dpgraph.autodiff.accumulate import GradGenMeta, SparseGradGenMeta  # noqa: E402
 
 __all__ += ["GradGenMeta", "GradientRegistry", "IR", "SparseGradGenMeta"]
+
+# --- control-flow gradients (Do / If / While) -----------------------------------------------
+import dpgraph.jobs.control_ops_grad  # noqa: E402,F401  (registers their gradient makers)

@@ -1,7 +1,6 @@
 """Utility ops: StopGradient, Cast, Print, Summarize, Free, EnsureDense, ZeroGradient, Alias,
-NanCheck, small lengths/index helpers (LengthsToRanges, LengthsTile, Find,
-FindDuplicateElements), and the control-flow ops If and While (their NetDef arguments run in
-the op's workspace).
+NanCheck and small lengths/index helpers (LengthsToRanges, LengthsTile, Find,
+FindDuplicateElements).  The control-flow ops If and While live in :mod:`dpgraph.ops.control`.
 
 ``StopGradient`` and ``LengthsToRanges`` have Caffe2's ``NO_GRADIENT`` (a maker that adds
 nothing); the autodiff layer also stops at StopGradient by type.
@@ -292,64 +291,3 @@ def conditional(ctx: OpContext) -> Outputs:
                        f"{data_t.shape} and DataF {data_f.shape} (equal shapes)")
     rows = cond.reshape((-1,) + (1,) * (data_t.ndim - 1)).astype(bool)
     return (ctx.xp.where(rows, data_t, data_f),)
-
-
-# --- control flow ------------------------------------------------------------------------
-def _net_arg(ctx: OpContext, name: str, required: bool) -> Any:
-    """The NetDef argument ``name`` (None when absent and not required)."""
-    net = ctx.arg(name)
-    if net is None and required:
-        raise ArgumentError(ctx.describe(f"argument {name!r} (a NetDef) is required"))
-    return net
-
-
-def _condition(ctx: OpContext) -> bool:
-    """The current value of the one-element bool condition blob (input 0)."""
-    value = ctx.workspace.get_blob_or_none(ctx.input_name(0)) if ctx.workspace else None
-    if value is None:
-        value = ctx.inputs[0]
-    host = np.asarray(to_host(value))
-    if host.size != 1:
-        raise ArgumentError(ctx.describe(
-            f"condition blob {ctx.input_name(0)!r} must have one element, got shape "
-            f"{list(host.shape)}"))
-    return bool(host.reshape(-1)[0])
-
-
-def _run_subnet(ctx: OpContext, net: Any) -> None:
-    if ctx.workspace is None:
-        raise OperatorError(ctx.describe("control-flow ops need a workspace to run subnets"))
-    ctx.workspace.run_net_once(net)
-
-
-def _current_outputs(ctx: OpContext) -> Outputs:
-    """Outputs as the subnets left them in the workspace (the executor re-stores them)."""
-    return tuple(ctx.workspace.get_blob_or_none(name) for name in ctx.op.output)
-
-
-@register_op("If", inputs=(1, None), outputs=(0, None), inplace="any", side_effects=True)
-def if_op(ctx: OpContext) -> Outputs:
-    """Run ``then_net`` when the bool input 0 is true, else ``else_net`` (if given), in the
-    op's workspace, as Caffe2's If does."""
-    then_net = _net_arg(ctx, "then_net", required=True)
-    else_net = _net_arg(ctx, "else_net", required=False)
-    if _condition(ctx):
-        _run_subnet(ctx, then_net)
-    elif else_net is not None:
-        _run_subnet(ctx, else_net)
-    return _current_outputs(ctx)
-
-
-@register_op("While", inputs=(1, None), outputs=(0, None), inplace="any", side_effects=True)
-def while_op(ctx: OpContext) -> Outputs:
-    """Run ``cond_net`` (if given), then ``loop_net`` while the bool input 0 is true,
-    re-running ``cond_net`` after each iteration, as Caffe2's While does."""
-    loop_net = _net_arg(ctx, "loop_net", required=True)
-    cond_net = _net_arg(ctx, "cond_net", required=False)
-    if cond_net is not None:
-        _run_subnet(ctx, cond_net)
-    while _condition(ctx):
-        _run_subnet(ctx, loop_net)
-        if cond_net is not None:
-            _run_subnet(ctx, cond_net)
-    return _current_outputs(ctx)
