@@ -1,65 +1,28 @@
-"""Control-flow helpers: cond (If) and loop (While).
+"""brew's control-flow helpers: ``cond`` (If) and ``loop`` (While).
 
-The subnets run in the enclosing workspace.  As in Caffe2's ``control_ops_util``, the op's
-inputs are the blobs a subnet reads before writing them (they must be in ``external_blobs``,
-the lexical scope) and its outputs are the ``external_blobs`` a subnet writes, so the outer
-net's dependency analysis sees the data flow.
+As in Caffe2, they wrap the branch and loop nets with
+:func:`dpgraph.jobs.control_ops_util.add_if_op` / ``add_while_op``: each subnet runs in a
+Do scope, its inputs are the blobs it reads from the lexical scope (``external_blobs``) and
+its outputs the ``external_blobs`` it writes.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from dpgraph.errors import ModelConfigError
-
-
-def _external_blob_names(net: Any, lexical_scope: set[str]) -> tuple[list[str], list[str]]:
-    """``(inputs, outputs)`` of ``net`` seen from outside, in first-use order."""
-    defined: set[str] = set()
-    inputs: list[str] = []
-    outputs: list[str] = []
-    for op in net.Proto().op:
-        for name in op.input:
-            if name not in defined and name not in inputs:
-                if name not in lexical_scope:
-                    raise ModelConfigError(
-                        f"Input blob {name} of net {net.Name()} is undefined: produce it in "
-                        "the subnet or list it in external_blobs.")
-                inputs.append(name)
-        for name in op.output:
-            defined.add(name)
-            if name in lexical_scope and name not in outputs:
-                outputs.append(name)
-    return inputs, outputs
-
-
-def _merge(first: list[str], second: list[str]) -> list[str]:
-    return first + [name for name in second if name not in first]
+from dpgraph.jobs.control_ops_util import add_if_op, add_while_op
 
 
 def cond(model: Any, cond_blob: Any, external_blobs: list[Any], then_model: Any,
-         else_model: Any = None) -> Any:
-    """``If([cond_blob] + subnet inputs, subnet outputs, then_net=..., else_net=...)``."""
-    scope = {str(b) for b in external_blobs}
-    inputs, outputs = _external_blob_names(then_model.net, scope)
-    kwargs: dict[str, Any] = {"then_net": then_model.net.Proto()}
-    if else_model is not None:
-        else_inputs, else_outputs = _external_blob_names(else_model.net, scope)
-        inputs, outputs = _merge(inputs, else_inputs), _merge(outputs, else_outputs)
-        kwargs["else_net"] = else_model.net.Proto()
-    return model.net.If([cond_blob, *inputs], outputs, **kwargs)
+         else_model: Any = None) -> None:
+    """Add ``If(cond_blob)`` running ``then_model.net`` (or ``else_model.net``)."""
+    add_if_op(model.net, cond_blob, external_blobs, then_model.net,
+              None if else_model is None else else_model.net)
 
 
 def loop(model: Any, cond_blob: Any, external_blobs: list[Any], loop_model: Any,
-         cond_model: Any = None) -> Any:
-    """``While([cond_blob] + subnet inputs, subnet outputs, loop_net=..., cond_net=...)``;
-    the loop's outputs are inputs too, since the body may not run at all."""
-    scope = {str(b) for b in external_blobs}
-    inputs, outputs = _external_blob_names(loop_model.net, scope)
-    inputs = _merge(inputs, outputs)
-    kwargs: dict[str, Any] = {"loop_net": loop_model.net.Proto()}
-    if cond_model is not None:
-        cond_inputs, cond_outputs = _external_blob_names(cond_model.net, scope)
-        inputs, outputs = _merge(inputs, cond_inputs), _merge(outputs, cond_outputs)
-        kwargs["cond_net"] = cond_model.net.Proto()
-    return model.net.While([cond_blob, *inputs], outputs, **kwargs)
+         cond_model: Any = None) -> None:
+    """Add ``While(cond_blob)`` running ``loop_model.net`` (and ``cond_model.net`` before
+    each check of the condition)."""
+    add_while_op(model.net, cond_blob, external_blobs, loop_model.net,
+                 None if cond_model is None else cond_model.net)
