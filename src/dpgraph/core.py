@@ -63,7 +63,7 @@ def CreatePythonOperator(f: Any, inputs: Any, outputs: Any, grad_f: Any = None,
                          pass_workspace: bool = False, python_func_type: Any = None,
                          *args: Any, **kwargs: Any) -> caffe2_pb2.OperatorDef:
     """A ``Python`` OperatorDef running ``f(inputs, outputs)`` (not added to any net)."""
-    from dpgraph.ops.python_op import register_python_impl
+    from dpgraph.ir.python_funcs import register_python_impl
 
     kwargs["token"] = register_python_impl(f, grad_f, python_func_type, pass_workspace)
     return CreateOperator("Python", inputs, outputs, *args, **kwargs)

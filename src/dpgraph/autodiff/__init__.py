@@ -14,3 +14,8 @@ __all__ = [
     "GRADIENT_REGISTRY", "GetBackwardPass", "GradGenMeta", "GradientRegistry", "IR", "OpSSA",
     "SparseGradGenMeta",
 ]
+
+from dpgraph.ir.registry import NET_EXTENSIONS  # noqa: E402
+
+# Net.AddGradientOperators (in the ir layer, below autodiff) finds the backward pass here.
+NET_EXTENSIONS.register("backward_pass", GetBackwardPass)

@@ -13,65 +13,22 @@ gradients (or the ``grad_output_indices`` subset) and writes the input gradients
 
 from __future__ import annotations
 
-import itertools
-import pickle
-import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from dpgraph.errors import ArgumentError
+from dpgraph.ir.python_funcs import (  # noqa: F401  (register_python_impl: re-exported)
+    PythonFn,
+    python_op_arguments,
+    register_python_impl,
+    resolve_python_function,
+)
 from dpgraph.ir.registry import register_gradient, register_op
 from dpgraph.ops.context import OpContext, Outputs
 from dpgraph.ops.fill import numpy_dtype
 from dpgraph.ops.gradient_builder import GradientBuilder
-
-PythonFn = Callable[..., Any]
-
-_LOCK = threading.Lock()
-_TOKENS = itertools.count()
-_IMPLS: dict[str, tuple[PythonFn, PythonFn | None, bool]] = {}
-_BUILT: dict[bytes, PythonFn] = {}
-
-
-def register_python_impl(f: PythonFn, grad_f: PythonFn | None = None,
-                         python_func_type: Any = None, pass_workspace: bool = False) -> str:
-    """Register ``f`` (and ``grad_f``) and return the token a ``Python`` op refers to them by.
-
-    With ``python_func_type``, ``python_func_type(f)`` is built once and its ``forward`` and
-    ``backward`` methods are used (Caffe2's stateful Python ops).
-    """
-    if python_func_type is not None:
-        obj = python_func_type(f)
-        f, grad_f = obj.forward, getattr(obj, "backward", None)
-    with _LOCK:
-        token = f"python_op_{next(_TOKENS)}"
-        _IMPLS[token] = (f, grad_f, pass_workspace)
-    return token
-
-
-def python_op_arguments(f: Any, grad_f: Any = None, python_func_type: Any = None,
-                        pass_workspace: bool = False) -> dict[str, Any]:
-    """The arguments of a ``Python`` op running ``f``: a builder tuple ``(func, args,
-    kwargs)`` is pickled (``pickled_builder``), a callable is registered (``token``)."""
-
-    def pickled(t: Any) -> bytes | str:
-        if not isinstance(t, tuple):
-            return ""
-        if len(t) != 3:
-            raise ArgumentError("Python op: expected a builder tuple (func, args, kwargs), "
-                                f"got a tuple of {len(t)} items.")
-        func, args, kwargs = t
-        return pickle.dumps((func, tuple(args), dict(kwargs)))
-
-    f_builder, grad_builder = pickled(f), pickled(grad_f)
-    if grad_f and bool(f_builder) != bool(grad_builder):
-        raise ArgumentError("Python op: pass a builder tuple as both f and grad_f, or neither.")
-    if f_builder:
-        return {"pickled_builder": f_builder, "pickled_grad_builder": grad_builder,
-                "pass_workspace": pass_workspace}
-    return {"token": register_python_impl(f, grad_f, python_func_type, pass_workspace)}
 
 
 class PythonTensor:
@@ -115,25 +72,7 @@ class PythonTensor:
 
 
 def _resolve(ctx: OpContext, grad: bool) -> tuple[PythonFn, bool]:
-    builder = ctx.arg("pickled_grad_builder" if grad else "pickled_builder")
-    if builder:
-        if isinstance(builder, str):  # arguments decode ``s`` with surrogateescape
-            builder = builder.encode("utf-8", "surrogateescape")
-        with _LOCK:
-            fn = _BUILT.get(builder)
-            if fn is None:
-                func, args, kwargs = pickle.loads(builder)
-                fn = _BUILT[builder] = func(*args, **kwargs)
-        return fn, bool(ctx.int_arg("pass_workspace", 0))
-    token = ctx.str_arg("token")
-    if token not in _IMPLS:
-        raise ArgumentError(ctx.describe(
-            f"no Python function is registered under token {token!r}; create the op with "
-            "net.Python(f) or core.CreatePythonOperator(f, ...) in this process."))
-    f, grad_f, pass_workspace = _IMPLS[token]
-    if grad and grad_f is None:
-        raise ArgumentError(ctx.describe("the Python op was created without grad_f"))
-    return (grad_f if grad else f), pass_workspace  # type: ignore[return-value]
+    return resolve_python_function(ctx.args, grad, ctx.describe)
 
 
 def _host(ctx: OpContext, value: Any) -> Any:
