@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from dpgraph.errors import DataInputError
-from dpgraph.ir.blob_serde import tensor_proto_to_numpy, wire_fields
+from dpgraph.ir.blob_serde import wire_fields
 from dpgraph.proto import caffe2_pb2
 
 DT = caffe2_pb2.TensorProto
@@ -41,10 +41,13 @@ def _label(proto: Any, where: str) -> np.ndarray:
 def _extra(proto: Any, where: str) -> np.ndarray:
     if proto.data_type == DT.UINT8:
         return np.asarray(proto.int32_data, dtype=np.uint8)
-    if proto.data_type not in (DT.FLOAT, DT.INT32, DT.INT64):
+    fields = {DT.FLOAT: ("float_data", np.float32), DT.INT32: ("int32_data", np.int32),
+              DT.INT64: ("int64_data", np.int64)}
+    if proto.data_type not in fields:
         raise DataInputError(f"{where}: additional outputs must be FLOAT, INT32, INT64 or UINT8,"
                              f" got data_type {proto.data_type}.")
-    return tensor_proto_to_numpy(proto, where).reshape(-1)
+    name, dtype = fields[proto.data_type]
+    return np.asarray(getattr(proto, name), dtype=dtype)
 
 
 def _image(record: ImageRecord, proto: Any, where: str) -> None:

@@ -8,6 +8,7 @@ without locking.  A cursor reads one snapshot; a transaction commits and starts 
 from __future__ import annotations
 
 import os
+import threading
 from typing import Any
 
 from dpgraph.db.base import DB, Cursor, Mode, Transaction, as_bytes, register_db
@@ -23,6 +24,49 @@ def _lmdb() -> Any:
         raise MissingDependencyError("The lmdb DB type needs the 'lmdb' package: "
                                      "pip install lmdb") from None
     return lmdb
+
+
+class _Environments:
+    """py-lmdb refuses to open one environment twice in a process, so every DB object on
+    a path shares one ``lmdb.Environment`` (opened read-only unless a writer asked first)."""
+
+    def __init__(self) -> None:
+        self._open: dict[str, list[Any]] = {}  # realpath -> [env, users, writable]
+        self._lock = threading.Lock()
+
+    def acquire(self, path: str, writable: bool) -> Any:
+        key = os.path.realpath(path)
+        with self._lock:
+            entry = self._open.get(key)
+            if entry is not None:
+                if writable and not entry[2]:
+                    raise DBError(f"lmdb: {path!r} is open read-only by {entry[1]} reader(s) in "
+                                  "this process; close them (or reset the workspace holding "
+                                  "the CreateDB readers) before writing to it.")
+                entry[1] += 1
+                return entry[0]
+            lmdb = _lmdb()
+            if writable:
+                env = lmdb.open(path, map_size=MAP_SIZE, create=False, mode=0o664)
+            else:
+                env = lmdb.open(path, readonly=True, lock=False, create=False,
+                                max_readers=1024)
+            self._open[key] = [env, 1, writable]
+            return env
+
+    def release(self, path: str) -> None:
+        key = os.path.realpath(path)
+        with self._lock:
+            entry = self._open.get(key)
+            if entry is None:
+                return
+            entry[1] -= 1
+            if entry[1] <= 0:
+                del self._open[key]
+                entry[0].close()
+
+
+ENVIRONMENTS = _Environments()
 
 
 class LMDBCursor(Cursor):
@@ -109,11 +153,7 @@ class LMDB(DB):
                 raise DBError(f"lmdb NEW: mkdir {self.source} failed ({error.strerror}); Save "
                               "and NEW mode need a path that does not exist yet.") from None
         try:
-            if self.mode == Mode.read:
-                self._env = lmdb.open(self.source, readonly=True, lock=False, create=False,
-                                      max_readers=1024)
-            else:
-                self._env = lmdb.open(self.source, map_size=MAP_SIZE, create=False, mode=0o664)
+            self._env = ENVIRONMENTS.acquire(self.source, self.mode != Mode.read)
         except lmdb.Error as error:
             raise DBError(f"lmdb {self.mode.name}: cannot open {self.source!r}: {error}") \
                 from None
@@ -127,9 +167,9 @@ class LMDB(DB):
         return LMDBTransaction(self)
 
     def close(self) -> None:
-        if not self.closed:
+        if not self.closed and hasattr(self, "_env"):
             self.closed = True
-            self._env.close()
+            ENVIRONMENTS.release(self.source)
 
 
 register_db(LMDB, "LMDB", "lmdb")

@@ -1,0 +1,95 @@
+"""TensorProtosDBInput over an LMDB written with the ``lmdb`` package as Caffe2's examples
+write it: bit-exact batches, in key order, wrapping around, on CPU and virtual GPUs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from _records import write_lmdb_tensor_protos
+
+from dpgraph import brew, core, model_helper, workspace
+from dpgraph.proto import caffe2_pb2
+
+
+def _in_key_order(items: list[tuple[np.ndarray, int]]) -> list[tuple[np.ndarray, int]]:
+    order = sorted(range(len(items)), key=lambda j: str(j).encode())
+    return [items[j] for j in order]
+
+
+def test_lmdb_create_example_reads_back_bit_exact_and_wraps(tmp_path: Path) -> None:
+    items = _in_key_order(write_lmdb_tensor_protos(tmp_path / "db", 12))
+    model = model_helper.ModelHelper(name="lmdb_test")
+    data, label = model.TensorProtosDBInput([], ["data", "label"], batch_size=5,
+                                            db=str(tmp_path / "db"), db_type="lmdb")
+    assert (str(data), str(label)) == ("data", "label")
+    assert model.param_init_net.Proto().op[0].output[0] == "dbreader_" + str(tmp_path / "db")
+    workspace.RunNetOnce(model.param_init_net)
+    workspace.CreateNet(model.net)
+    seen = []
+    for _ in range(4):  # 20 reads of 12 records: wraps around
+        workspace.RunNet(model.net.Proto().name)
+        batch, labels = workspace.FetchBlob("data"), workspace.FetchBlob("label")
+        assert batch.shape == (5, 3, 8, 4) and batch.dtype == np.float32
+        assert labels.shape == (5,) and labels.dtype == np.int32
+        seen.extend(zip(batch, labels))
+    for index, (got, got_label) in enumerate(seen):
+        expected, expected_label = items[index % 12]
+        assert np.array_equal(got, expected) and got_label == expected_label
+
+
+def test_unbatched_reads_one_record(tmp_path: Path) -> None:
+    items = _in_key_order(write_lmdb_tensor_protos(tmp_path / "db", 3))
+    workspace.RunOperatorOnce(core.CreateOperator(
+        "CreateDB", [], ["r"], db=str(tmp_path / "db"), db_type="lmdb"))
+    workspace.RunOperatorOnce(core.CreateOperator("TensorProtosDBInput", ["r"], ["d", "l"]))
+    assert workspace.FetchBlob("d").shape == (3, 8, 4)
+    assert workspace.FetchBlob("l").shape == ()
+    np.testing.assert_array_equal(workspace.FetchBlob("d"), items[0][0])
+
+
+def test_brew_db_input_on_virtual_gpus_and_shared_reader(tmp_path: Path) -> None:
+    items = _in_key_order(write_lmdb_tensor_protos(tmp_path / "db", 8))
+    workspace.SetVirtualGpus(2)
+    model = model_helper.ModelHelper(name="gpu_input")
+    reader = model.CreateDB("reader", db=str(tmp_path / "db"), db_type="lmdb")
+    for gpu in range(2):
+        with core.DeviceScope(core.DeviceOption(caffe2_pb2.CUDA, gpu)), \
+                core.NameScope(f"gpu_{gpu}"):
+            model.net.TensorProtosDBInput(reader, ["data", "label"], batch_size=2)
+    workspace.RunNetOnce(model.param_init_net)
+    workspace.CreateNet(model.net)
+    workspace.RunNet(model.net)
+    from dpgraph.runtime.api import current
+
+    assert current().placement("gpu_1/data") == (caffe2_pb2.CUDA, 1)
+    got = np.concatenate([workspace.FetchBlob("gpu_0/data"), workspace.FetchBlob("gpu_1/data")])
+    np.testing.assert_array_equal(got, np.stack([items[j][0] for j in range(4)]))
+
+
+def test_brew_db_input_helper_names(tmp_path: Path) -> None:
+    write_lmdb_tensor_protos(tmp_path / "db", 2)
+    model = model_helper.ModelHelper(name="m")
+    with core.NameScope("cpu_0"):
+        data, label = brew.db_input(model, ["data", "label"], batch_size=2,
+                                    db=str(tmp_path / "db"), db_type="lmdb")
+    assert str(data) == "cpu_0/data"
+    op = model.param_init_net.Proto().op[0]
+    assert op.type == "CreateDB" and op.output[0] == "cpu_0/dbreader_" + str(tmp_path / "db")
+    with pytest.raises(TypeError):
+        model.TensorProtosDBInput([], ["d"], batch_size=1, db="x", db_type="lmdb", extra=1)
+
+
+def test_record_errors_name_the_db(tmp_path: Path) -> None:
+    write_lmdb_tensor_protos(tmp_path / "db", 2)
+    workspace.RunOperatorOnce(core.CreateOperator(
+        "CreateDB", [], ["r"], db=str(tmp_path / "db"), db_type="lmdb"))
+    with pytest.raises(RuntimeError, match="hold 2 TensorProtos"):
+        workspace.RunOperatorOnce(core.CreateOperator(
+            "TensorProtosDBInput", ["r"], ["d", "l", "x"], batch_size=2))
+    with pytest.raises(RuntimeError, match="Must specify a db name"):
+        workspace.RunOperatorOnce(core.CreateOperator("CreateDB", [], ["r2"], db_type="lmdb"))
+    with pytest.raises(RuntimeError, match="No such file|cannot open"):
+        workspace.RunOperatorOnce(core.CreateOperator(
+            "CreateDB", [], ["r3"], db=str(tmp_path / "none"), db_type="lmdb"))
