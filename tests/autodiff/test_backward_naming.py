@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from _autodiff_testops import assert_ops, op
 
 from dpgraph import core
@@ -192,12 +194,19 @@ def test_y_also_read_by_another_op_gets_both_pieces() -> None:
     assert grad_map["m1"] == "m1_autogen_grad"
 
 
-def test_given_gradient_of_a_read_y_is_not_overwritten() -> None:
+def test_given_gradient_named_like_a_gradient_op_output_raises() -> None:
+    # The final Caffe2 refuses a passed-through piece named like the accumulated gradient.
     ops = [op("Direct", "in", "m1"), op("Direct", "m1", "m2")]
-    grad_ops, grad_map = GetBackwardPass(ops, {"m2": "m2_grad", "m1": "m1_grad"})
+    with pytest.raises(RuntimeError, match="can not be the same as the normal name"):
+        GetBackwardPass(ops, {"m2": "m2_grad", "m1": "m1_grad"})
+
+
+def test_given_gradient_of_a_read_y_joins_the_sum() -> None:
+    ops = [op("Direct", "in", "m1"), op("Direct", "m1", "m2")]
+    grad_ops, grad_map = GetBackwardPass(ops, {"m2": "m2_grad", "m1": "m1_given"})
     assert_ops(grad_ops, [
-        ("DirectGradient", "m2_grad", "_m1_grad_autosplit_0"),
-        ("Sum", ["m1_grad", "_m1_grad_autosplit_0"], "m1_grad"),
+        ("DirectGradient", "m2_grad", "m1_grad"),
+        ("Sum", ["m1_grad", "m1_given"], "m1_grad"),  # Sum is in place on input 0
         ("DirectGradient", "m1_grad", "in_grad"),
     ])
     assert grad_map["m1"] == "m1_grad"

@@ -181,27 +181,50 @@ def sum_output_name(generators: Sequence[Generator], blob: str) -> str:
 
 
 def _rename_apart(op: caffe2_pb2.OperatorDef, idx: int, count: int) -> str:
-    op.output[idx] = f"_{op.output[idx]}_autosplit_{count}"
-    return op.output[idx]
+    """Rename output ``idx`` of an emitted gradient op (and, for an ``If`` gradient op, the
+    same output inside its then/else nets) to ``_<name>_autosplit_<count>``."""
+    old = op.output[idx]
+    new = f"_{old}_autosplit_{count}"
+    op.output[idx] = new
+    if op.type == "If":
+        _rename_in_branches(op, old, new)
+    return new
+
+
+def _rename_in_branches(op: caffe2_pb2.OperatorDef, old: str, new: str) -> None:
+    for arg in op.arg:
+        if arg.name in ("then_net", "else_net") and arg.HasField("n"):
+            for inner in arg.n.op:
+                inner.output[:] = [new if b == old else b for b in inner.output]
+            arg.n.external_output[:] = [new if b == old else b
+                                        for b in arg.n.external_output]
 
 
 def _dense_sum(generators: Sequence[GradGenMeta],
                out_name: str) -> tuple[list[caffe2_pb2.OperatorDef], str]:
-    # A passed-through piece already named like the result must not be overwritten by a
-    # gradient op, so then every gradient op's piece is renamed apart.
-    keep_first = not any(g.grad_op is None and g.gradient == out_name for g in generators)
+    """``Sum`` of the pieces into ``out_name``: the first gradient op's piece keeps its name,
+    later gradient ops' pieces are renamed ``_<name>_autosplit_<k>`` (in place, on the ops
+    already emitted), passed-through pieces join as they are."""
     inputs: list[str] = []
     count = 0
+    first = True
     for g in generators:
         if g.grad_op is None:
+            if g.gradient == out_name:
+                raise GradientError(
+                    "The gradient output of empty gradient op can not be the same as the "
+                    f"normal name of the current input gradient: {g.gradient!r} is passed "
+                    f"through unchanged and also written by a gradient op (pieces: "
+                    f"{', '.join(_describe(x) for x in generators)}). Give the passed-in "
+                    "gradient another name.")
             inputs.append(g.gradient)
-        elif keep_first:
-            keep_first = False
+        elif first:
+            first = False
             inputs.append(g.grad_op.output[g.idx])
         else:
             inputs.append(_rename_apart(g.grad_op, g.idx, count))
             count += 1
-    if out_name in inputs:  # sum in place into the kept name
+    if out_name in inputs:  # Sum is in place only on input 0
         k = inputs.index(out_name)
         inputs[0], inputs[k] = inputs[k], inputs[0]
     op = CreateOperator("Sum", [BlobReference(x) for x in inputs], [BlobReference(out_name)])

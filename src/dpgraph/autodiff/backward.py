@@ -19,6 +19,8 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from dpgraph.autodiff.accumulate import (
+    IS_AUTO_GEN_SUM_OPS_TAG,
+    ONLY_KEEP_IS_AUTO_GEN_SUM_OPS_TAG,
     Generator,
     GradGenMeta,
     SparseGradGenMeta,
@@ -66,7 +68,15 @@ def to_blob_references(grads: GradMap) -> dict[BlobReference, Any]:
 
 
 class IR(SSA):
-    """A forward pass in SSA form that can build its own backward pass."""
+    """A forward pass in SSA form that can build its own backward pass.
+
+    ``IS_AUTO_GEN_SUM_OPS_TAG`` marks (``"is_auto_gen_sum_ops:1"`` in extra_info) the Sum /
+    Concat ops accumulation adds; a generator whose device option carries
+    ``"only_keep_is_auto_gen_sum_ops_tag:1"`` makes them keep a default device option.
+    """
+
+    IS_AUTO_GEN_SUM_OPS_TAG = IS_AUTO_GEN_SUM_OPS_TAG
+    ONLY_KEEP_IS_AUTO_GEN_SUM_OPS_TAG = ONLY_KEEP_IS_AUTO_GEN_SUM_OPS_TAG
 
     def __init__(self, operators: Iterable[caffe2_pb2.OperatorDef],
                  registry: GradientRegistry | None = None) -> None:
