@@ -180,7 +180,7 @@ def test_momentum_sgd_update(nesterov: int) -> None:
     g, m, p, lr = f32(4, 3), f32(4, 3), f32(4, 3), np.array([0.1], F32)
     op = make_op("MomentumSGDUpdate", ["g", "m", "lr", "p"], ["g", "m", "p"], momentum=0.9,
                  nesterov=nesterov)
-    g2, m2, p2 = run_op(op, [g, m, lr, p])
+    g2, m2, p2 = run_op(op, [g.copy(), m.copy(), lr, p.copy()])  # updated in place
     new_m = 0.9 * m + 0.1 * g
     adj = (1.9 * new_m - 0.9 * m) if nesterov else new_m
     np.testing.assert_allclose(m2, new_m, rtol=1e-5)
@@ -188,8 +188,44 @@ def test_momentum_sgd_update(nesterov: int) -> None:
     np.testing.assert_allclose(p2, p - adj, rtol=1e-5, atol=1e-6)
     assert p2.dtype == F32
     g3, m3 = run_op(make_op("MomentumSGD", ["g", "m", "lr"], ["g", "m"], momentum=0.9,
-                            nesterov=nesterov), [g, m, lr])
+                            nesterov=nesterov), [g.copy(), m.copy(), lr])
     np.testing.assert_allclose(g3, g2, rtol=1e-6)
+
+
+@pytest.mark.parametrize("nesterov", [0, 1])
+def test_momentum_sgd_update_in_place_as_caffe2(nesterov: int) -> None:
+    """Named in place, grad, moment and param are updated in their arrays (Caffe2's kernel
+    writes them in place); named out of place, the inputs are left alone.  Both give the
+    values of the plain formula bit for bit."""
+    g, m, p, lr = f32(6, 5), f32(6, 5), f32(6, 5), np.array([0.05], F32)
+    kwargs = {"momentum": 0.8, "nesterov": nesterov}
+    inplace = make_op("MomentumSGDUpdate", ["g", "m", "lr", "p"], ["g", "m", "p"], **kwargs)
+    buffers = [g.copy(), m.copy(), lr, p.copy()]
+    outs = run_op(inplace, buffers)
+    assert all(out is buf for out, buf in zip(outs, [buffers[0], buffers[1], buffers[3]]))
+    fresh = make_op("MomentumSGDUpdate", ["g", "m", "lr", "p"], ["g2", "m2", "p2"], **kwargs)
+    originals = [g.copy(), m.copy(), lr, p.copy()]
+    outs2 = run_op(fresh, originals)
+    for before, after in zip([g, m, p], [originals[0], originals[1], originals[3]]):
+        np.testing.assert_array_equal(before, after)
+    new_m = F32(0.8) * m + F32(0.05) * g
+    adjusted = (F32(1.8) * new_m - F32(0.8) * m) if nesterov else new_m
+    for got in (outs, outs2):
+        np.testing.assert_array_equal(got[1], new_m)
+        np.testing.assert_array_equal(got[0], adjusted)
+        np.testing.assert_array_equal(got[2], p - adjusted)
+    assert outs2[0] is not outs2[1]  # two blobs never share one array
+
+
+def test_momentum_sgd_update_view_input_is_not_written() -> None:
+    """A view (possibly another blob's memory) is never updated in place."""
+    base = f32(2, 6)
+    g, m, p = base.reshape(3, 4), f32(3, 4), f32(3, 4)
+    op = make_op("MomentumSGDUpdate", ["g", "m", "lr", "p"], ["g", "m", "p"], momentum=0.9)
+    before = base.copy()
+    g2, _, _ = run_op(op, [g, m, np.array([0.1], F32), p])
+    np.testing.assert_array_equal(base, before)
+    assert g2 is not g
 
 
 @pytest.mark.parametrize("nesterov", [0, 1])

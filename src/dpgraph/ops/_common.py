@@ -52,6 +52,28 @@ def as_dtype(xp: Any, value: Any, dtype: Any) -> Any:
     return out if out.dtype == dtype else out.astype(dtype)
 
 
+# --- in-place updates -----------------------------------------------------------------------
+def inplace_target(ctx: Any, input_index: int, output_index: int) -> np.ndarray | None:
+    """The input array itself when the op writes that blob in place (Caffe2's in-place ops:
+    the same blob name in and out) and it may be updated there: a writable numpy array that
+    owns its memory (a view could alias another blob).  ``None`` means: write a new array.
+
+    Kernels call this only after every check passed, so a failing op still leaves its
+    outputs untouched.
+    """
+    value = ctx.inputs[input_index]
+    if type(value) is not np.ndarray or value.base is not None or not value.flags.writeable:
+        return None
+    return value if ctx.op.input[input_index] == ctx.op.output[output_index] else None
+
+
+def out_buffer(ctx: Any, input_index: int, output_index: int) -> np.ndarray:
+    """Where output ``output_index`` is written: input ``input_index`` in place when
+    :func:`inplace_target` allows it, else a new array like it."""
+    target = inplace_target(ctx, input_index, output_index)
+    return target if target is not None else np.empty_like(ctx.inputs[input_index])
+
+
 # --- shape functions ---------------------------------------------------------------------
 def same_as_input(index: int = 0, dtype: int | None = None) -> Callable[..., ShapeResult]:
     """``shape=`` function: every output has input ``index``'s shape (and type)."""

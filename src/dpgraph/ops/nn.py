@@ -68,8 +68,17 @@ def _fc_forward(ctx: OpContext, transposed: bool) -> Outputs:
     if b.size != n:
         raise ctx.fail(f"bias {ctx.input_name(2)!r} has {b.size} values for {n} outputs")
     w2 = w.reshape(k, n) if transposed else w.reshape(n, k).T
-    y = ctx.xp.matmul(x.reshape(m, k), w2) + b.reshape(n)
-    return (y.reshape(*x.shape[:axis], n).astype(x.dtype, copy=False),)
+    y = ctx.xp.matmul(x.reshape(m, k), w2)
+    if y.dtype == b.dtype:
+        y += b.reshape(n)  # into the matmul's result: no second [M, N] temporary
+    else:
+        y = y + b.reshape(n)
+    return (_as(y.reshape(*x.shape[:axis], n), x.dtype),)
+
+
+def _as(value: Any, dtype: Any) -> Any:
+    """``value`` in ``dtype``, converted only when it is not already."""
+    return value if value.dtype == dtype else value.astype(dtype)
 
 
 def _fc_backward(ctx: OpContext, transposed: bool) -> Outputs:
@@ -77,11 +86,10 @@ def _fc_backward(ctx: OpContext, transposed: bool) -> Outputs:
     axis, m, k, n = _fc_dims(ctx, x.shape, w.shape, transposed)
     x2, dy2 = x.reshape(m, k), dy.reshape(m, n)
     dw = ctx.xp.matmul(x2.T, dy2) if transposed else ctx.xp.matmul(dy2.T, x2)
-    outs: list[Any] = [dw.reshape(w.shape).astype(w.dtype, copy=False),
-                       dy2.sum(axis=0).astype(dy.dtype, copy=False)]
+    outs: list[Any] = [_as(dw.reshape(w.shape), w.dtype), _as(dy2.sum(axis=0), dy.dtype)]
     if ctx.num_outputs > 2:
         w2 = w.reshape(k, n).T if transposed else w.reshape(n, k)
-        outs.append(ctx.xp.matmul(dy2, w2).reshape(x.shape).astype(x.dtype, copy=False))
+        outs.append(_as(ctx.xp.matmul(dy2, w2).reshape(x.shape), x.dtype))
     return outs
 
 

@@ -24,6 +24,7 @@ from dpgraph.ops._common import (
     INT64,
     host,
     like_inputs,
+    out_buffer,
     same_as_input,
     scalar_value,
 )
@@ -178,11 +179,35 @@ def check_same_shape(ctx: OpContext, *indices: int) -> None:
 
 
 def _momentum_step(g: Any, m: Any, lr: float, mom: float, nesterov: bool) -> tuple[Any, Any]:
-    """(adjusted grad, new momentum) of one momentum SGD step."""
+    """(adjusted grad, new momentum) of one momentum SGD step, as new arrays."""
     new_m = mom * m + lr * g
     if nesterov:
-        return ((1 + mom) * new_m - mom * m).astype(g.dtype), new_m.astype(m.dtype)
-    return new_m.astype(g.dtype), new_m.astype(m.dtype)
+        adjusted = (1 + mom) * new_m - mom * m
+        return adjusted.astype(g.dtype, copy=False), new_m.astype(m.dtype, copy=False)
+    return new_m.astype(g.dtype, copy=False), new_m.astype(m.dtype, copy=True)
+
+
+def _momentum_into(ctx: OpContext, lr: float, mom: float, nesterov: bool) -> tuple[Any, Any]:
+    """One momentum SGD step written into (adjusted grad, moment) buffers, in place where
+    the op is (grad and moment blobs in = out), as Caffe2's kernel updates them.  The same
+    float operations in the same order as :func:`_momentum_step`, so the same values."""
+    g, m = ctx.inputs[0], ctx.inputs[1]
+    out_g, out_m = out_buffer(ctx, 0, 0), out_buffer(ctx, 1, 1)
+    mom_m = np.multiply(m, mom, out=None if nesterov else out_m)
+    np.multiply(g, lr, out=out_g)
+    np.add(mom_m, out_g, out=out_g)          # new moment = mom * m + lr * g
+    np.copyto(out_m, out_g)
+    if nesterov:                              # adjusted = (1 + mom) * new_m - mom * m
+        np.multiply(out_g, 1 + mom, out=out_g)
+        np.subtract(out_g, mom_m, out=out_g)
+    return out_g, out_m
+
+
+def _same_float_arrays(*values: Any) -> bool:
+    """Distinct numpy float arrays of one dtype: the in-place kernel's preconditions."""
+    first = values[0]
+    return all(type(v) is np.ndarray and v.dtype == first.dtype for v in values) and \
+        first.dtype.kind == "f" and len({id(v) for v in values}) == len(values)
 
 
 def _momentum_args(ctx: OpContext) -> tuple[float, bool]:
@@ -195,17 +220,23 @@ def momentum_sgd(ctx: OpContext) -> Outputs:
     """[grad, moment, lr] -> [adjusted grad, moment]."""
     check_same_shape(ctx, 0, 1)
     g, m, lr = ctx.inputs
+    if _same_float_arrays(g, m):
+        return _momentum_into(ctx, scalar_value(lr), *_momentum_args(ctx))
     return _momentum_step(g, m, scalar_value(lr), *_momentum_args(ctx))
 
 
 @register_op("MomentumSGDUpdate", inputs=4, outputs=3, inplace=[(0, 0), (1, 1), (3, 2)],
              shape=like_inputs(0, 1, 3))
 def momentum_sgd_update(ctx: OpContext) -> Outputs:
-    """[grad, moment, lr, param] -> [adjusted grad, moment, param - adjusted grad]."""
+    """[grad, moment, lr, param] -> [adjusted grad, moment, param - adjusted grad]; grad,
+    moment and param are updated in place when the op names them as its outputs."""
     check_same_shape(ctx, 0, 1, 3)
     g, m, lr, p = ctx.inputs
+    if _same_float_arrays(g, m, p):
+        adjusted, new_m = _momentum_into(ctx, scalar_value(lr), *_momentum_args(ctx))
+        return adjusted, new_m, np.subtract(p, adjusted, out=out_buffer(ctx, 3, 2))
     adjusted, new_m = _momentum_step(g, m, scalar_value(lr), *_momentum_args(ctx))
-    return adjusted, new_m, (p - adjusted).astype(p.dtype)
+    return adjusted, new_m, (p - adjusted).astype(p.dtype, copy=False)
 
 
 def _decayed_momentum_update(ctx: OpContext) -> Outputs:
@@ -468,7 +499,7 @@ def rms_prop(ctx: OpContext) -> Outputs:
     eps = ctx.float_arg("epsilon", 1e-5)
     new_ms = _f32(ms + (1 - decay) * (g * g - ms), ms)
     new_mom = _f32(mom * momentum + scalar_value(lr) * g / np.sqrt(eps + new_ms), mom)
-    return _f32(new_mom, g), new_ms, new_mom
+    return new_mom.astype(g.dtype, copy=True), new_ms, new_mom  # two blobs, two arrays
 
 
 def _ftrl_step(ctx: OpContext, w: Any, n: Any, z: Any, g: Any, alpha: float) -> tuple:

@@ -178,6 +178,8 @@ class OpInstance:
         else:
             keys = self.placement_fn(self.key, [placement.get(n) for n in self.inputs],
                                      self.ctx.args)
+        if self.n_out > 1:
+            outs = _unshared(outs)
         for name, value, key in zip(self.outputs, outs, keys):
             if type(value) is not _ndarray:
                 if isinstance(value, np.generic):
@@ -228,6 +230,19 @@ class OpInstance:
             setattr(error, attribute, value)
         error.__cause__ = cause
         return error
+
+
+def _unshared(outs: Sequence[Any]) -> Sequence[Any]:
+    """``outs`` with any array returned for two outputs copied for the second: two blobs
+    never share one array, so a kernel updating one blob in place cannot change another."""
+    seen: set[int] = set()
+    result: list[Any] | None = None
+    for index, value in enumerate(outs):
+        if id(value) in seen and hasattr(value, "copy") and devices.is_array(value):
+            result = list(outs) if result is None else result
+            result[index] = value.copy()
+        seen.add(id(value))
+    return outs if result is None else result
 
 
 def _raw_failure_hint(op_type: str) -> str:
