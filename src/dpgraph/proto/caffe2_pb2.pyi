@@ -324,3 +324,27 @@ class DBReaderProto(_message.Message):
     db_type: str
     key: str
     def __init__(self, name: _Optional[str] = ..., source: _Optional[str] = ..., db_type: _Optional[str] = ..., key: _Optional[str] = ...) -> None: ...
+
+class BlobSerializationOptions(_message.Message):
+    __slots__ = ("blob_name_regex", "chunk_size", "float_format")
+    class FloatFormat(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        FLOAT_DEFAULT: _ClassVar[BlobSerializationOptions.FloatFormat]
+        FLOAT_PROTOBUF: _ClassVar[BlobSerializationOptions.FloatFormat]
+        FLOAT_BFLOAT16: _ClassVar[BlobSerializationOptions.FloatFormat]
+    FLOAT_DEFAULT: BlobSerializationOptions.FloatFormat
+    FLOAT_PROTOBUF: BlobSerializationOptions.FloatFormat
+    FLOAT_BFLOAT16: BlobSerializationOptions.FloatFormat
+    BLOB_NAME_REGEX_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    FLOAT_FORMAT_FIELD_NUMBER: _ClassVar[int]
+    blob_name_regex: str
+    chunk_size: int
+    float_format: BlobSerializationOptions.FloatFormat
+    def __init__(self, blob_name_regex: _Optional[str] = ..., chunk_size: _Optional[int] = ..., float_format: _Optional[_Union[BlobSerializationOptions.FloatFormat, str]] = ...) -> None: ...
+
+class SerializationOptions(_message.Message):
+    __slots__ = ("options",)
+    OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    options: _containers.RepeatedCompositeFieldContainer[BlobSerializationOptions]
+    def __init__(self, options: _Optional[_Iterable[_Union[BlobSerializationOptions, _Mapping]]] = ...) -> None: ...

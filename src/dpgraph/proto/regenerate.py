@@ -1,4 +1,4 @@
-"""Regenerate ``caffe2_pb2.py`` (and its ``.pyi`` stub) from ``caffe2.proto``.
+"""Regenerate ``caffe2_pb2.py`` and ``caffe2_legacy_pb2.py`` (and ``.pyi`` stubs).
 
 Run ``python -m dpgraph.proto.regenerate`` with ``grpcio-tools`` installed.  protoc stamps
 the module with a check that the protobuf runtime is at least as new as protoc itself;
@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+PROTOS = ("caffe2.proto", "caffe2_legacy.proto")
 _VERSION_CHECK = re.compile(
     r"from google\.protobuf import runtime_version as _runtime_version\n"
     r"|_runtime_version\.ValidateProtobufRuntimeVersion\([^)]*\)\n",
@@ -20,16 +21,17 @@ _VERSION_CHECK = re.compile(
 
 
 def regenerate() -> None:
-    """Run protoc on caffe2.proto and strip the runtime version pin."""
+    """Run protoc on the core protos and strip the runtime version pin."""
     from grpc_tools import protoc  # type: ignore[import-untyped]
 
     status = protoc.main(
-        ["protoc", f"-I{HERE}", f"--python_out={HERE}", f"--pyi_out={HERE}", "caffe2.proto"]
+        ["protoc", f"-I{HERE}", f"--python_out={HERE}", f"--pyi_out={HERE}", *PROTOS]
     )
     if status != 0:
         sys.exit(f"protoc failed with status {status}")
-    module = HERE / "caffe2_pb2.py"
-    module.write_text(_VERSION_CHECK.sub("", module.read_text()))
+    for proto in PROTOS:
+        module = HERE / (proto[: -len(".proto")] + "_pb2.py")
+        module.write_text(_VERSION_CHECK.sub("", module.read_text()))
 
 
 if __name__ == "__main__":
