@@ -20,7 +20,14 @@ from dpgraph.ir.operator import (
     _RectifyInputOutput,
     output_to_list,
 )
-from dpgraph.ir.plan import ExecutionStep, Plan, execution_step, scoped_execution_step
+from dpgraph.ir.plan import (
+    ExecutionStep,
+    Plan,
+    add_nets_in_order,
+    execution_step,
+    scoped_execution_step,
+    to_execution_step,
+)
 from dpgraph.ir.registry import OPERATORS
 from dpgraph.ir.scope import DeviceScope, EmptyDeviceScope, EmptyNameScope, NameScope
 from dpgraph.ir.transforms import InjectCrossDeviceCopies
@@ -76,7 +83,8 @@ def GlobalInit(args: list[str]) -> bool:
 
 
 __all__ = [
-    "ExecutionStep", "Plan", "execution_step", "scoped_execution_step",
+    "ExecutionStep", "Plan", "add_nets_in_order", "execution_step", "scoped_execution_step",
+    "to_execution_step",
     "BlobReference", "CreateOperator", "CreatePythonOperator", "DataType", "DeviceOption",
     "DeviceScope",
     "EmptyDeviceScope", "EmptyNameScope", "GlobalInit", "GradientSlice", "InferBlobDevices",
