@@ -563,9 +563,11 @@ def test_cond_structure_and_else_branch() -> None:
     model = ModelHelper(name="m")
     brew.cond(model, "c", ["a", "b", "out"], then_model, else_model)
     op = _ops(model.net, "If")[0]
-    assert list(op.input) == ["c", "a", "b"] and list(op.output) == ["out"]
+    assert list(op.input)[:3] == ["c", "a", "b"] and list(op.output)[0] == "out"
+    assert [str(b).rsplit("/", 1)[-1] for b in op.input[3:]] == ["workspace_if_then",
+                                                                 "workspace_if_else"]
     args = {a.name: a for a in op.arg}
-    assert args["then_net"].n.op[0].type == "Copy" and args["else_net"].n.op[0].type == "Copy"
+    assert args["then_net"].n.op[0].type == "Do" and args["else_net"].n.op[0].type == "Do"
     workspace.FeedBlob("c", np.array(False))
     workspace.FeedBlob("a", np.array([1.0], np.float32))
     workspace.FeedBlob("b", np.array([2.0], np.float32))
@@ -579,7 +581,8 @@ def test_loop_that_never_runs() -> None:
     model = ModelHelper(name="m")
     brew.loop(model, "c", ["acc", "one"], body)
     op = _ops(model.net, "While")[0]
-    assert list(op.input) == ["c", "acc", "one"] and list(op.output) == ["acc"]
+    assert list(op.input)[:3] == ["c", "acc", "one"] and list(op.output)[0] == "acc"
+    assert op.input[-1].endswith("/workspace_loop_body")
     workspace.FeedBlob("c", np.array(False))
     workspace.FeedBlob("acc", np.array([5.0], np.float32))
     workspace.FeedBlob("one", np.array([1.0], np.float32))
