@@ -9,7 +9,7 @@ _FAMILIES = (
     "fill", "math", "reduction", "activation", "nn", "norm", "loss", "shape", "utility", "optim",
     "learning_rate", "sparse", "queue", "device_copy", "collective", "distributed", "sequence",
     "image", "text", "python_op", "detection", "proposals", "detectron", "db", "persist",
-    "image_input", "control", "recurrent", "rnn_units", "optim_adaptive", "index",
+    "image_input", "control", "recurrent", "rnn_units", "optim_adaptive", "index", "bucket",
 )
 
 for _family in _FAMILIES:
