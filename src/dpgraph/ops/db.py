@@ -15,7 +15,7 @@ from dpgraph.db import DBReader, db_exists
 from dpgraph.db.queue_db import BlobsQueueDB
 from dpgraph.errors import ArgumentError, ShapeError
 from dpgraph.ir.blob_serde import decode_tensor_protos, decode_tensor_protos_batch
-from dpgraph.ir.registry import register_op
+from dpgraph.ir.registry import register_gradient, register_op
 from dpgraph.ops.context import OpContext, Outputs
 
 
@@ -94,3 +94,10 @@ def create_blobs_queue_db(ctx: OpContext) -> Outputs:
                       name=ctx.input_name(0))
     return (DBReader.from_db(db, "blobs_queue_db", ctx.output_name(0)),)
 
+
+def _no_gradient(g: Any) -> None:
+    """Caffe2's ``NO_GRADIENT``: gradients stop here."""
+
+
+for _op_type in ("CreateDB", "DBExists", "TensorProtosDBInput", "CreateBlobsQueueDB"):
+    register_gradient(_op_type)(_no_gradient)

@@ -20,7 +20,7 @@ from dpgraph.data.image import ImageParams, transform
 from dpgraph.data.prefetch import Prefetcher, decode_pool
 from dpgraph.db import DBReader
 from dpgraph.errors import ArgumentError, DataInputError
-from dpgraph.ir.registry import register_op
+from dpgraph.ir.registry import register_gradient, register_op
 from dpgraph.ops.context import OpContext, Outputs
 from dpgraph.ops.db import on_device, reader_input
 from dpgraph.proto import caffe2_pb2
@@ -257,3 +257,11 @@ def image_input(ctx: OpContext) -> Outputs:
         outputs = _prefetcher(reader, ctx).next(
             lambda seed: _produce(reader, cfg, seed), lambda: _batch_seed(ctx))
     return tuple(on_device(ctx, out) for out in outputs)
+
+
+def _no_gradient(g: Any) -> None:
+    """Caffe2's ``NO_GRADIENT``: gradients stop here."""
+
+
+for _op_type in ("ImageInput",):
+    register_gradient(_op_type)(_no_gradient)

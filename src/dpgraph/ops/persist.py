@@ -26,7 +26,7 @@ from dpgraph.ir.blob_serde import (
     serialize_blob_chunks,
 )
 from dpgraph.ir.device import device_key
-from dpgraph.ir.registry import OPERATORS, register_op
+from dpgraph.ir.registry import OPERATORS, register_gradient, register_op
 from dpgraph.ops.context import OpContext, Outputs
 from dpgraph.ops.db import on_device, reader_input, required_str, resolve_path
 from dpgraph.ops.device_copy import OUTPUT_PLACEMENT
@@ -320,3 +320,11 @@ def _checkpoint(ctx: OpContext) -> Outputs:
 
 register_op("Checkpoint", inputs=(1, None), outputs=0, side_effects=True, cross_device=True)(_checkpoint)
 register_op("Snapshot", inputs=(1, None), outputs=0, side_effects=True, cross_device=True)(_checkpoint)
+
+
+def _no_gradient(g: Any) -> None:
+    """Caffe2's ``NO_GRADIENT``: gradients stop here."""
+
+
+for _op_type in ("Save", "Load", "Checkpoint", "Snapshot"):
+    register_gradient(_op_type)(_no_gradient)

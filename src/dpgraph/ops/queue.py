@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from dpgraph.errors import QueueClosedError, ShapeError, WorkspaceError
-from dpgraph.ir.registry import register_op
+from dpgraph.errors import DataInputError, QueueClosedError, ShapeError, WorkspaceError
+from dpgraph.ir.registry import register_gradient, register_op
 from dpgraph.ops.context import OpContext, Outputs
 
 
@@ -30,6 +30,7 @@ class BlobsQueue:
         self._items: deque[tuple[Any, ...]] = deque()
         self._cond = threading.Condition()
         self.closed = False
+        self.reason: BaseException | None = None
 
     def __repr__(self) -> str:
         return (f"BlobsQueue({self.name!r}, {len(self._items)}/{self.capacity} records"
@@ -63,10 +64,35 @@ class BlobsQueue:
             self._cond.notify_all()
             return record
 
-    def close(self) -> None:
+    def get_many(self, count: int, timeout: float | None = None) -> list[tuple[Any, ...]]:
+        """Up to ``count`` records: waits for the first, then takes what is queued."""
+        first = self.get(timeout)
+        if first is None:
+            return []
+        records = [first]
+        with self._cond:
+            while self._items and len(records) < count:
+                records.append(self._items.popleft())
+            self._cond.notify_all()
+        return records
+
+    def close(self, reason: BaseException | None = None) -> None:
+        """Close the queue; ``reason`` (a producer's failure) is reported to readers."""
         with self._cond:
             self.closed = True
+            if reason is not None and self.reason is None:
+                self.reason = reason
             self._cond.notify_all()
+
+    def closed_error(self, describe: Any) -> Exception:
+        """The error a reader of the closed, drained queue raises."""
+        if self.reason is not None:
+            error = DataInputError(describe(
+                f"queue {self.name!r} was closed because its producer failed: "
+                f"{type(self.reason).__name__}: {self.reason}"))
+            error.__cause__ = self.reason
+            return error
+        return QueueClosedError(describe(f"queue {self.name!r} is closed and empty."))
 
 
 def _queue(ctx: OpContext) -> BlobsQueue:
@@ -97,9 +123,20 @@ def _status(closed: bool) -> np.ndarray:
 
 @register_op("CreateBlobsQueue", inputs=0, outputs=1, side_effects=True)
 def create_blobs_queue(ctx: OpContext) -> Outputs:
-    """A new queue; args capacity (default 1), num_blobs (default 1), name."""
+    """A new queue; args capacity (default 1), num_blobs (default 1), enforce_unique_name,
+    field_names (one per blob).  Like Caffe2 it creates the slot blobs
+    ``<queue>_<slot>_<j>`` in the workspace."""
     name = ctx.str_arg("name", "") or ctx.output_name(0)
-    return (BlobsQueue(name, ctx.int_arg("capacity", 1), ctx.int_arg("num_blobs", 1)),)
+    capacity, num_blobs = ctx.int_arg("capacity", 1), ctx.int_arg("num_blobs", 1)
+    field_names = ctx.arg("field_names", [])
+    if field_names and len(field_names) != num_blobs:
+        raise ShapeError(ctx.describe(f"field_names has {len(field_names)} names for "
+                                      f"num_blobs={num_blobs}."))
+    if ctx.workspace is not None and hasattr(ctx.workspace, "create_blob"):
+        for slot in range(capacity):
+            for j in range(num_blobs):
+                ctx.workspace.create_blob(f"{ctx.output_name(0)}_{slot}_{j}")
+    return (BlobsQueue(name, capacity, num_blobs),)
 
 
 @register_op("EnqueueBlobs", inputs=(2, None), outputs=(1, None),
@@ -127,7 +164,7 @@ def dequeue_blobs(ctx: OpContext) -> Outputs:
     queue = _queue(ctx)
     record = queue.get(_timeout(ctx))
     if record is None:
-        raise QueueClosedError(ctx.describe(f"queue {queue.name!r} is closed and empty."))
+        raise queue.closed_error(ctx.describe)
     if len(record) != ctx.num_outputs:
         raise ShapeError(ctx.describe(
             f"records of queue {queue.name!r} hold {len(record)} blobs, the op has "
@@ -137,21 +174,38 @@ def dequeue_blobs(ctx: OpContext) -> Outputs:
 
 @register_op("SafeDequeueBlobs", inputs=1, outputs=(2, None), side_effects=True)
 def safe_dequeue_blobs(ctx: OpContext) -> Outputs:
-    """Like DequeueBlobs; the last output is True (outputs unchanged) once closed and empty."""
+    """Like DequeueBlobs; the last output is True (outputs unchanged) once closed and empty.
+    ``num_records`` > 1 concatenates up to that many records along dim 0."""
     queue = _queue(ctx)
-    record = queue.get(_timeout(ctx))
+    num_records = ctx.int_arg("num_records", 1)
+    if num_records <= 0:
+        raise ShapeError(ctx.describe(f"num_records must be > 0, got {num_records}."))
+    records = queue.get_many(num_records, _timeout(ctx))
     count = ctx.num_outputs - 1
-    if record is None:
+    if not records:
         return (*(ctx.prev_output(i) for i in range(count)), _status(True))
-    if len(record) != count:
+    if len(records[0]) != count:
         raise ShapeError(ctx.describe(
-            f"records of queue {queue.name!r} hold {len(record)} blobs, the op has {count} "
-            "data outputs."))
-    return (*record, _status(False))
+            f"records of queue {queue.name!r} hold {len(records[0])} blobs, the op has "
+            f"{count} data outputs."))
+    if len(records) == 1:
+        return (*records[0], _status(False))
+    return (*(np.concatenate([np.asarray(r[i]) for r in records]) for i in range(count)),
+            _status(False))
 
 
 @register_op("CloseBlobsQueue", inputs=1, outputs=0, side_effects=True)
 def close_blobs_queue(ctx: OpContext) -> Outputs:
-    """Close the queue: waiting and later dequeues drain it, then end."""
+    """Close the queue: waiting and later dequeues drain it, then end; waiting enqueues
+    of a full queue fail."""
     _queue(ctx).close()
     return ()
+
+
+def _no_gradient(g: Any) -> None:
+    """Caffe2's ``NO_GRADIENT``: gradients stop here."""
+
+
+for _op_type in ("CreateBlobsQueue", "EnqueueBlobs", "SafeEnqueueBlobs", "DequeueBlobs",
+                 "SafeDequeueBlobs", "CloseBlobsQueue"):
+    register_gradient(_op_type)(_no_gradient)
