@@ -3,6 +3,8 @@
 A facade over :mod:`dpgraph.memory`; see there for the algorithms.
 """
 
+import logging
+
 from dpgraph.memory import (
     AssignmentAlgorithm,
     LiveRange,
@@ -17,8 +19,10 @@ from dpgraph.memory import (
     compute_interference_graph,
     compute_ranges,
     compute_statistics,
+    estimate_memory_usage,
     get_memory_usage,
     get_updated_ranges,
+    is_compatible,
     optimize_inference_fast,
     optimize_inference_for_dag,
     optimize_interference,
@@ -26,6 +30,7 @@ from dpgraph.memory import (
     share_grad_blobs,
     topological_sort_traversal,
     topological_sort_traversal_longest_path,
+    verify_assignments,
     verify_graph_equality,
     verify_inplace_blobs,
 )
@@ -34,8 +39,11 @@ __all__ = [
     "AssignmentAlgorithm", "LiveRange", "Optimization", "Statistics", "apply_assignments",
     "blob_assignments", "collect_blob_sizes", "compute_assignments", "compute_assignments_dp",
     "compute_assignments_greedy", "compute_interference_graph", "compute_ranges",
-    "compute_statistics", "get_memory_usage", "get_updated_ranges", "optimize_inference_fast",
+    "compute_statistics", "estimate_memory_usage", "get_memory_usage", "get_updated_ranges",
+    "is_compatible", "optimize_inference_fast", "verify_assignments",
     "optimize_inference_for_dag", "optimize_interference", "release_blobs_when_used",
     "share_grad_blobs", "topological_sort_traversal", "topological_sort_traversal_longest_path",
     "verify_graph_equality", "verify_inplace_blobs",
 ]
+
+log = logging.getLogger("memonger")

@@ -256,12 +256,12 @@ def rename_blobs(ops: Iterable[caffe2_pb2.OperatorDef], mapping: Mapping[str, st
 def compute_statistics(assignments: Iterable[Assignment]) -> Statistics:
     """Bytes of every assigned blob (the range's size, else the current workspace's
     value) against the bytes of the largest blob per assignment."""
-    from dpgraph import workspace
+    from dpgraph.runtime import api
 
     def nbytes(name: str, r: LiveRange) -> int:
         if r.size is not None:
             return int(r.size)
-        value = workspace.FetchBlob(name) if workspace.HasBlob(name) else None
+        value = api.FetchBlob(name) if api.HasBlob(name) else None
         return int(getattr(value, "nbytes", 0) or 0)
 
     sizes = [[nbytes(name, r) for name, r in a] for a in assignments if a]
@@ -272,13 +272,13 @@ def compute_statistics(assignments: Iterable[Assignment]) -> Statistics:
 def collect_blob_sizes(net: Any) -> dict[str, int]:
     """``{blob: nbytes}`` of every blob the net's ops touch, from the current workspace
     (0 for blobs the workspace does not hold)."""
-    from dpgraph import workspace
+    from dpgraph.runtime import api
 
     proto = proto_of(net)
     sizes: dict[str, int] = {}
     for op in proto.op:
         for b in list(op.input) + list(op.output):
             if b not in sizes:
-                value = workspace.FetchBlob(b) if workspace.HasBlob(b) else None
+                value = api.FetchBlob(b) if api.HasBlob(b) else None
                 sizes[b] = int(getattr(value, "nbytes", 0) or 0)
     return sizes

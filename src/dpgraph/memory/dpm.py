@@ -46,11 +46,11 @@ def _namescope(model: Any, device: int) -> str:
 def _shapes(model: Any, input_shapes: Mapping[str, Any] | None) -> dict[str, Any] | None:
     if not input_shapes:
         return None
-    from dpgraph import workspace
+    from dpgraph.runtime import api
 
     dims = {f"{_namescope(model, d)}{name}": list(shape)
             for name, shape in input_shapes.items() for d in model._devices}
-    shapes, _ = workspace.InferShapesAndTypes([model.param_init_net, model.net], dims)
+    shapes, _ = api.InferShapesAndTypes([model.param_init_net, model.net], dims)
     return shapes
 
 

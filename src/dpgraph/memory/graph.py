@@ -81,6 +81,22 @@ def compute_interference_graph(ops: Any) -> OpGraph:
     return graph
 
 
+def as_op_graph(graph: Any) -> OpGraph:
+    """``graph`` as an :class:`OpGraph`: an OpGraph as is, or a networkx-style DiGraph
+    over the nodes ``0..n-1`` (``nodes()``, ``edges()``), as Caffe2's tests build them."""
+    if isinstance(graph, OpGraph):
+        return graph
+    nodes = sorted(graph.nodes())
+    if nodes != list(range(len(nodes))):
+        raise ValueError(f"graph nodes must be 0..n-1 (op indices), got {nodes}")
+    result = OpGraph(ops=[caffe2_pb2.OperatorDef() for _ in nodes],
+                     succ=[[] for _ in nodes])
+    for i, j in graph.edges():
+        result.succ[i].append(j)
+        result.deps[(i, j)] = set()
+    return result
+
+
 def _reverse_dfs_postorder(graph: OpGraph, roots: Sequence[int]) -> list[int]:
     """Reversed DFS post-order from ``roots`` (in that order), then from the nodes not
     reached yet (by index): a topological order."""
@@ -104,10 +120,11 @@ def _reverse_dfs_postorder(graph: OpGraph, roots: Sequence[int]) -> list[int]:
     return post
 
 
-def topological_sort_traversal(graph: OpGraph) -> list[int]:
+def topological_sort_traversal(graph: Any) -> list[int]:
     """A depth-first topological order: roots by index, children by index, reversed
-    post-order (so the root visited last comes first)."""
-    return _reverse_dfs_postorder(graph, [])
+    post-order (so the root visited last comes first) -- the order networkx 2.x's
+    ``topological_sort`` gives, which Caffe2's memonger relied on."""
+    return _reverse_dfs_postorder(as_op_graph(graph), [])
 
 
 def _longest_path_to_sink(graph: OpGraph, order: Sequence[int]) -> dict[int, int | None]:
@@ -176,9 +193,10 @@ def _ordered_sources(graph: OpGraph) -> list[int]:
     return leaves
 
 
-def topological_sort_traversal_longest_path(graph: OpGraph) -> list[int]:
+def topological_sort_traversal_longest_path(graph: Any) -> list[int]:
     """A topological order that runs the longest dependency chain first, so that the
     blobs of shorter independent branches are created late and die early."""
+    graph = as_op_graph(graph)
     if not graph.ops:
         return []
     return _reverse_dfs_postorder(graph, _ordered_sources(graph))

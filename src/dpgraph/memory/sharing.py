@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from dpgraph.errors import MemongerError
+from dpgraph.errors import MemongerError, OperatorDefError
 from dpgraph.ir.blob import GradientSlice
 from dpgraph.ir.proto_io import proto_of
 from dpgraph.ir.registry import OPERATORS
@@ -214,17 +214,37 @@ def _is_grad_name(blob: str) -> bool:
     return blob.endswith("_grad") or _AUTOSPLIT.search(blob) is not None
 
 
-def _forward_activations(ops: OpList, namescope: str, params: set[str]) -> set[str]:
-    """Forward-pass outputs under ``namescope``, except the model's head: the outputs of
-    the last op reading a param and of every forward op after it (predictions and losses
-    are usually fetched by the caller)."""
-    first_grad = next((i for i, op in enumerate(ops) if op.is_gradient_op), len(ops))
-    forward = [op for op in ops[:first_grad]
-               if any(b.startswith(namescope) for b in op.output)]
-    param_ops = [i for i, op in enumerate(forward) if any(b in params for b in op.input)]
-    head_start = param_ops[-1] if param_ops else len(forward) - 1
-    return {b for i, op in enumerate(forward) if i < head_start for b in op.output
-            if b.startswith(namescope)}
+def _forward_activations(ops: OpList, external_outputs: set[str], namescope: str
+                         ) -> list[str]:
+    """Caffe2's activations: outputs ``b`` of ops that read ``b + "_w"`` (conv / fc
+    outputs), not external outputs, in op order, without the last two (the head).  Taken
+    per namescope, so every device of a Parallelized net keeps its own head."""
+    found: list[str] = []
+    for op in ops:
+        for b in op.output:
+            if (b.startswith(namescope) and b + "_w" in op.input
+                    and b not in external_outputs and b not in found):
+                found.append(b)
+    return found[:-2]
+
+
+def verify_op_schemas(ops: OpList) -> None:
+    """Raise :class:`OperatorDefError` (a RuntimeError) for an op that breaks its schema's
+    arity or an in-place pair the schema enforces (``IndexFreeze(A) -> B``), as Caffe2's
+    memonger does before recycling."""
+    for index, op in enumerate(ops):
+        schema = OPERATORS.get(op.type)
+        if schema is None:
+            continue
+        problem = schema.check_arity(len(op.input), len(op.output))
+        for i, o in schema.extra.get("enforce_inplace", ()):
+            if i < len(op.input) and o < len(op.output) and op.input[i] != op.output[o]:
+                problem = (f"{op.type} must run in place: input {i} ({op.input[i]!r}) and "
+                           f"output {o} ({op.output[o]!r}) must be the same blob")
+        if problem is not None:
+            raise OperatorDefError(
+                f"Memonger: op {index} ({op.type} {list(op.input)} -> {list(op.output)}) "
+                f"does not verify against its schema: {problem}.")
 
 
 def share_grad_blobs(net: Any, losses: Iterable[Any], param_grads: Iterable[Any],
@@ -241,6 +261,7 @@ def share_grad_blobs(net: Any, losses: Iterable[Any], param_grads: Iterable[Any]
     would not be equivalent (graph equality, in-place pairs).
     """
     original = as_netdef(net)
+    verify_op_schemas(original.op)
     ns = _normalise_namescope(namescope)
     grads = _blob_names(param_grads)
     params = {g[: -len("_grad")] for g in grads if g.endswith("_grad")}
@@ -250,7 +271,7 @@ def share_grad_blobs(net: Any, losses: Iterable[Any], param_grads: Iterable[Any]
     candidates = {b for op in ops for b in list(op.input) + list(op.output)
                   if _is_grad_name(b) and (b.startswith(ns) or b.startswith("_" + ns))}
     if share_activations:
-        candidates |= _forward_activations(ops, ns, params)
+        candidates |= set(_forward_activations(ops, set(original.external_output), ns))
     slots = plan_slots(ops, candidates - keep, _sizes_from_shapes(blob_shapes), dag=True)
     optimized = as_netdef(original)
     rename_blobs(optimized.op, _shared_names(original, ns, slots))
@@ -260,31 +281,53 @@ def share_grad_blobs(net: Any, losses: Iterable[Any], param_grads: Iterable[Any]
     return optimized
 
 
-def _first_names(slots: list[list[str]]) -> dict[str, str]:
-    return {b: slot[0] for slot in slots if len(slot) > 1 for b in slot[1:]}
+_FAST_SHARED = re.compile(r"__m\d+_shared$")
 
 
 def optimize_inference_fast(net: Any, static_blobs: Iterable[Any]) -> caffe2_pb2.NetDef:
-    """Recycle every non-static blob whose last use has passed, in op order (each reuse is
-    renamed to the first blob of its buffer); returns a new NetDef."""
+    """Recycle every non-static blob whose last use has passed, in op order; buffers are
+    named ``__m<k>_shared`` (no namescope).  Nets of another type than ``""``/``"simple"``,
+    nets with a RecurrentNetwork op and nets already memongered come back unchanged;
+    returns a new NetDef."""
     original = as_netdef(net)
-    keep = pinned_blobs(original) | _blob_names(static_blobs)
     ops = list(original.op)
+    if (original.type not in ("", "simple")
+            or any(op.type == "RecurrentNetwork" for op in ops)
+            or any(_FAST_SHARED.match(b) for op in ops for b in list(op.input) + list(op.output))):
+        return original
+    keep = pinned_blobs(original) | _blob_names(static_blobs)
     candidates = {b for op in ops for b in op.output} - keep
     optimized = as_netdef(original)
-    rename_blobs(optimized.op, _first_names(plan_slots(ops, candidates, dag=False)))
+    rename_blobs(optimized.op, _shared_names(original, "", plan_slots(ops, candidates,
+                                                                       dag=False)))
     _check(original, optimized, "optimize_inference_fast")
     return optimized
 
 
+def _check_inference_net(proto: caffe2_pb2.NetDef) -> None:
+    """Every input is an external input or made earlier; no gradient ops."""
+    known = set(proto.external_input)
+    for op in proto.op:
+        if op.is_gradient_op or "Gradient" in op.type:
+            raise MemongerError(f"optimize_inference_for_dag: {op.type} is a gradient op; "
+                                "the pass is for inference nets only")
+        for b in op.input:
+            if b not in known:
+                raise MemongerError(f"{b} not in external input")
+        known.update(op.output)
+
+
 def optimize_inference_for_dag(net: Any, input_blobs: Iterable[Any],
                                namescope: str = "") -> caffe2_pb2.NetDef:
-    """Recycle blobs under ``namescope`` without adding dependencies between ops (so
-    parallel branches stay parallel); the inputs and final outputs are kept.  Shared
+    """Recycle the activations (neither external inputs nor outputs) under ``namescope``
+    without adding dependencies between ops (so parallel branches stay parallel).  Shared
     blobs are renamed ``{namescope}__m{N}_shared``; returns a new NetDef."""
     original = as_netdef(net)
+    verify_op_schemas(original.op)
+    _check_inference_net(original)
     ns = _normalise_namescope(namescope)
-    keep = pinned_blobs(original) | _blob_names(input_blobs)
+    keep = (pinned_blobs(original) | _blob_names(input_blobs) | set(original.external_input)
+            | set(original.external_output))
     ops = list(original.op)
     candidates = {b for op in ops for b in op.output if b.startswith(ns)} - keep
     slots = plan_slots(ops, candidates, dag=True)
@@ -294,21 +337,43 @@ def optimize_inference_for_dag(net: Any, input_blobs: Iterable[Any],
     return optimized
 
 
+def _release_candidates(proto: caffe2_pb2.NetDef, dont_free: set[str],
+                        selector_fun: Callable[[str], bool] | None) -> set[str]:
+    """Caffe2's rule: outputs not read before they are written (and passing the selector),
+    used as an input somewhere, not external outputs, not kept, not Alias inputs."""
+    seen_inputs: set[str] = set()
+    candidates: set[str] = set()
+    for op in proto.op:
+        candidates.update(b for b in op.output if b not in seen_inputs
+                          and (selector_fun is None or selector_fun(b)))
+        seen_inputs.update(op.input)
+    candidates -= set(proto.external_output)
+    candidates &= seen_inputs
+    candidates -= dont_free
+    candidates -= {b for op in proto.op if op.type == "Alias" for b in op.input}
+    return candidates
+
+
 def release_blobs_when_used(netproto: Any, dont_free_blobs: Iterable[Any],
                             selector_fun: Callable[[str], bool] | None = None
                             ) -> caffe2_pb2.NetDef:
-    """Insert ``Free([b], [b])`` right after the last op touching ``b``, for every blob the
-    net writes before reading it (inputs, external outputs, pinned blobs and
-    ``dont_free_blobs`` excepted; ``selector_fun(name)`` may veto more).  Returns a new
-    NetDef; use it only with a memory pool that makes reallocation cheap."""
+    """Insert ``Free([b], [b])`` right after the op that uses ``b`` last, for every blob
+    the net writes before reading it (external outputs, Alias inputs, blobs of ops with
+    side effects or step nets and ``dont_free_blobs`` excepted; ``selector_fun(name)`` may
+    veto more).  Returns a new NetDef; use it with a memory pool that makes reallocation
+    cheap."""
     original = as_netdef(netproto)
-    keep = pinned_blobs(original) | _blob_names(dont_free_blobs)
-    use = BlobUse.of(original.op)
-    releasable = [b for b in use.last if b not in keep and use.produced_internally(b)
-                  and (selector_fun is None or selector_fun(b))]
+    keep = pinned_blobs(original) - {b for op in original.op if op.type == "Alias"
+                                     for b in op.output}
+    candidates = _release_candidates(original, _blob_names(dont_free_blobs),
+                                     selector_fun) - keep
     after: dict[int, list[str]] = {}
-    for b in releasable:
-        after.setdefault(use.last[b], []).append(b)
+    for i in reversed(range(len(original.op))):
+        op = original.op[i]
+        for b in list(op.input) + list(op.output):
+            if b in candidates:
+                candidates.discard(b)
+                after.setdefault(i, []).append(b)
     ops = []
     for i, op in enumerate(original.op):
         ops.append(op)
