@@ -100,10 +100,11 @@ def test_multiple_consumers_autosplit_and_sum() -> None:
     net.Add(["h1", "h2"], "out")
     net.AddGradientOperators({"out": "out_grad"})
     ops = [_sig(op) for op in net.Proto().op[3:]]
-    # Add passes out_grad through to h1 and h2; Sigmoid (last consumer of `in`) writes in_grad
+    # AddGradient writes h1_grad and h2_grad; Sigmoid (last consumer of `in`) writes in_grad
     assert ops == [
-        ("SigmoidGradient", ["h2", "out_grad"], ["in_grad"]),
-        ("ReluGradient", ["h1", "out_grad"], ["_in_grad_autosplit_0"]),
+        ("AddGradient", ["out_grad", "h1", "h2"], ["h1_grad", "h2_grad"]),
+        ("SigmoidGradient", ["h2", "h2_grad"], ["in_grad"]),
+        ("ReluGradient", ["h1", "h1_grad"], ["_in_grad_autosplit_0"]),
         ("Sum", ["in_grad", "_in_grad_autosplit_0"], ["in_grad"]),
     ]
 

@@ -438,8 +438,12 @@ def test_add_sub_broadcast_and_sub_gradient() -> None:
     (out,) = run("Sub", {"A": a, "B": b}, ["C"], broadcast=1)
     close(out, a - b)
     ops, grads = grad_ops("Sub", ["A", "B"], ["C"])
-    assert ops == [("Negative", ["C_grad"], ["B_grad"])]
-    assert [str(g) for g in grads] == ["C_grad", "B_grad"]
+    assert ops == [("SubGradient", ["C_grad", "A", "B"], ["A_grad", "B_grad"])]
+    assert [str(g) for g in grads] == ["A_grad", "B_grad"]
+    dc = _randn(2, 3)
+    da, db = run("SubGradient", {"dC": dc, "A": a, "B": b}, ["dA", "dB"], broadcast=1)
+    close(da, dc)
+    close(db, -dc.sum(axis=0))
 
 
 def test_mul_div_max_pow() -> None:

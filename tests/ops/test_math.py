@@ -92,25 +92,14 @@ def test_integer_div_truncates_like_cpp() -> None:
     np.testing.assert_array_equal(out, [3, -3, -1, -1])
 
 
-def test_add_gradient_pass_through_and_broadcast() -> None:
-    ops, g_in = grads_of(CreateOperator("Add", ["a", "b"], ["c"]))
-    assert ops == [] and g_in == ["c_grad", "c_grad"]
-    ops, g_in = grads_of(CreateOperator("Add", ["a", "b"], ["c"], broadcast=1, axis=1))
+@pytest.mark.parametrize("op_type", ["Add", "Sub"])
+def test_add_and_sub_gradients_are_real_ops(op_type: str) -> None:
+    """The final Caffe2: AddGradient/SubGradient([dC, A, B]) -> [dA, dB], forward args copied."""
+    ops, g_in = grads_of(CreateOperator(op_type, ["a", "b"], ["c"], broadcast=1, axis=1))
     assert [(o.type, list(o.input), list(o.output)) for o in ops] == [
-        ("SumReduceLike", ["c_grad", "b"], ["b_grad"])]
-    assert g_in == ["c_grad", "b_grad"]
+        (f"{op_type}Gradient", ["c_grad", "a", "b"], ["a_grad", "b_grad"])]
+    assert g_in == ["a_grad", "b_grad"]
     assert arguments_dict(ops[0].arg) == {"broadcast": 1, "axis": 1}
-
-
-def test_sub_gradient_structure() -> None:
-    ops, g_in = grads_of(CreateOperator("Sub", ["a", "b"], ["c"]))
-    assert [(o.type, list(o.input), list(o.output)) for o in ops] == [
-        ("Negative", ["c_grad"], ["b_grad"])]
-    assert g_in == ["c_grad", "b_grad"]
-    ops, _ = grads_of(CreateOperator("Sub", ["a", "b"], ["c"], broadcast=1))
-    assert [o.type for o in ops] == ["Negative", "SumReduceLike"]
-    assert ops[0].output[0] == "b_grad_autogen_pre_red"
-    assert arguments_dict(ops[1].arg) == {"axis": -1, "axis_str": "", "order": "NCHW"}
 
 
 def test_mul_gradient_structure() -> None:

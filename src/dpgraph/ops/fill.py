@@ -226,6 +226,10 @@ def _given_fill(ctx: OpContext, dtype: Any) -> Any:
     if dtype is np.object_:
         values = np.empty(len(raw), dtype=object)
         values[:] = [v.encode() if isinstance(v, str) else v for v in raw]
+    elif dtype is np.uint8 and raw and isinstance(raw[0], (bytes, str)):
+        # GivenTensorByteStringToUInt8Fill: one string holding the tensor's bytes.
+        data = b"".join(v.encode("latin-1") if isinstance(v, str) else v for v in raw)
+        values = np.frombuffer(data, dtype=np.uint8).copy()
     else:
         values = np.asarray(raw, dtype=dtype)
     if values.size != int(np.prod(shape)):

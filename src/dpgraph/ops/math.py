@@ -173,22 +173,12 @@ def _has_arg(g: GradientBuilder, name: str) -> bool:
 
 @register_gradient("Add")
 def _add_gradient(g: GradientBuilder) -> None:
-    g.set_input_grad(0, g.GO(0))
-    if not _has_arg(g, "broadcast"):
-        g.set_input_grad(1, g.GO(0))
-        return
-    g.add("SumReduceLike", [g.GO(0), g.I(1)], [g.GI(1)])
+    g.add("AddGradient", [g.GO(0), g.I(0), g.I(1)], [g.GI(0), g.GI(1)])
 
 
-@register_gradient("Sub", copy_arguments=False)
+@register_gradient("Sub")
 def _sub_gradient(g: GradientBuilder) -> None:
-    g.set_input_grad(0, g.GO(0))
-    if not _has_arg(g, "broadcast"):
-        g.add("Negative", [g.GO(0)], [g.GI(1)])
-        return
-    pre = g.GI(1) + "_autogen_pre_red"
-    g.add("Negative", [g.GO(0)], [pre])
-    _add_with_args(g, "SumReduceLike", [pre, g.I(1)], [g.GI(1)], broadcast_arguments(g, False))
+    g.add("SubGradient", [g.GO(0), g.I(0), g.I(1)], [g.GI(0), g.GI(1)])
 
 
 @register_gradient("Mul", copy_arguments=False)
