@@ -17,7 +17,7 @@ from dpgraph.modeling.rnn.attention import (
     apply_regular_attention,
     apply_soft_coverage_attention,
 )
-from dpgraph.modeling.rnn.cell import LSTMCell, MILSTMCell, RNNCell
+from dpgraph.modeling.rnn.cell import LSTMCell, MILSTMCell, RNNCell, _RectifyName
 from dpgraph.proto import caffe2_pb2
 
 
@@ -112,10 +112,9 @@ class MultiRNNCell(RNNCell):
         return helper
 
     def prepare_input(self, model: Any, input_blob: Any) -> Any:
-        from dpgraph.modeling.rnn.cell import _RectifyName
-
+        input_blob = _RectifyName(input_blob)
         with _scope.NameScope(self.name or ""):
-            return self.cells[0].prepare_input(model, _RectifyName(input_blob))
+            return self.cells[0].prepare_input(model, input_blob)
 
     def _apply(self, model: Any, input_t: Any, seq_lengths: Any, states: Any, timestep: Any,
                extra_inputs: Any = None) -> Any:

@@ -17,15 +17,27 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from dpgraph.autodiff import GRADIENT_REGISTRY
+from dpgraph.autodiff import GRADIENT_REGISTRY, IR
+from dpgraph.autodiff.registry import normalize_gradient
 from dpgraph.errors import ModelError
 from dpgraph.ir.arguments import MakeArgument
 from dpgraph.ir.analysis import get_ssa, get_undefined_blobs
-from dpgraph.ir.blob import BlobReference, GradientSlice
+from dpgraph.ir.blob import BlobReference, GradientSlice, blob_name
 from dpgraph.ir.net import Net
 from dpgraph.proto import caffe2_pb2
 
 Triple = tuple[str, str, int]
+
+
+class _CellIR(IR):
+    """Caffe2's IR for a cell net: a *given* output gradient is not one of the pieces
+    accumulated into that blob's gradient (only an autogen ConstantFill is).  A cell output
+    also read inside the step (an attention decoder's hidden state, a lower layer's output)
+    then gets its in-step gradient under the plain ``<blob>_grad`` name, and
+    :meth:`_Backward.accumulate_external_gradients` adds the given one, as in Caffe2."""
+
+    def _init_gradients(self, ys: dict[Any, Any]) -> tuple[list[Any], dict[str, Any]]:
+        return [], {blob_name(y): normalize_gradient(g) for y, g in ys.items()}
 
 
 class _Backward:
@@ -34,7 +46,7 @@ class _Backward:
     def __init__(self, cell_net: Net, recompute: Iterable[Any] | None) -> None:
         proto = cell_net.Proto()
         grads = {o: o + "_grad" for o in proto.external_output}
-        ops, mapping = GRADIENT_REGISTRY.GetBackwardPass(list(proto.op), grads)
+        ops, mapping = _CellIR(list(proto.op), registry=GRADIENT_REGISTRY).GetBackwardPass(grads)
         self.mapping: dict[str, Any] = {str(k): v for k, v in mapping.items()}
         self.net = Net("RecurrentBackwardStep")
         net_proto = self.net.Proto()
