@@ -30,7 +30,11 @@ from dpgraph.ir.plan import (
 )
 from dpgraph.ir.registry import OPERATORS
 from dpgraph.ir.scope import DeviceScope, EmptyDeviceScope, EmptyNameScope, NameScope
-from dpgraph.ir.transforms import InjectCrossDeviceCopies
+from dpgraph.ir.transforms import (
+    InjectCrossDeviceCopies,
+    InjectDeviceCopiesAmongNets,
+    InjectDeviceCopiesAmongNetsWithoutB2D,
+)
 from dpgraph.proto import caffe2_pb2
 
 
@@ -89,7 +93,9 @@ __all__ = [
     "DeviceScope",
     "EmptyDeviceScope", "EmptyNameScope", "GlobalInit", "GradientSlice", "InferBlobDevices",
     "InferOpBlobDevices", "InferOpBlobDevicesAsDict", "InferOpDeviceAsBlobDevices",
-    "InjectCrossDeviceCopies", "IsGPUDeviceType", "IsOperator", "IsOperatorWithEngine",
+    "InjectCrossDeviceCopies", "InjectDeviceCopiesAmongNets",
+    "InjectDeviceCopiesAmongNetsWithoutB2D", "IsGPUDeviceType", "IsOperator",
+    "IsOperatorWithEngine",
     "NameScope", "Net",
     "RefreshRegisteredOperators", "RegisteredOperators", "ScopedBlobReference", "ScopedName",
     "_RectifyInputOutput", "clone_and_bind_net", "device_equal", "device_option_equal",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from dpgraph.errors import ArgumentError
 from dpgraph.ir.analysis import InferBlobDevices
 from dpgraph.ir.device import CPU, IsGPUDeviceType, device_equal, effective_device
 from dpgraph.ir.proto_io import proto_of
@@ -70,3 +71,28 @@ def InjectCrossDeviceCopies(
     for blob, option in InferBlobDevices(proto).items():
         devices.setdefault(blob, option)
     return Net(proto, inplace=True), devices
+
+
+def InjectDeviceCopiesAmongNets(
+    nets: list[Any], blob_to_device_init: dict[str, caffe2_pb2.DeviceOption] | None = None,
+) -> tuple[list[Any], dict[str, caffe2_pb2.DeviceOption]]:
+    """:func:`InjectCrossDeviceCopies` over ``nets`` in order, threading the blob placement
+    (and the copies already made) from one net to the next; returns ``(new_nets, b2d)``."""
+    if not isinstance(nets, list):
+        raise ArgumentError("InjectDeviceCopiesAmongNets: nets must be a list of Net or NetDef, "
+                            f"got {type(nets).__name__}.")
+    blob_to_device = dict(blob_to_device_init or {})
+    blob_remap: dict[str, str] = {}
+    new_nets = []
+    for net in nets:
+        new_net, blob_to_device = InjectCrossDeviceCopies(
+            net, blob_to_device=blob_to_device, blob_remap=blob_remap)
+        new_nets.append(new_net)
+    return new_nets, blob_to_device
+
+
+def InjectDeviceCopiesAmongNetsWithoutB2D(
+    nets: list[Any], blob_to_device_init: dict[str, caffe2_pb2.DeviceOption] | None = None,
+) -> list[Any]:
+    """:func:`InjectDeviceCopiesAmongNets` returning only the new nets."""
+    return InjectDeviceCopiesAmongNets(nets, blob_to_device_init)[0]
