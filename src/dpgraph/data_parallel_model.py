@@ -7,8 +7,11 @@ A thin facade: the legacy keyword arguments become one frozen
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable, Iterable
 from typing import Any
+
+import numpy as np
 
 # Caffe2's module globals: scripts and tests reach them through this module, e.g.
 # ``mock.patch("...data_parallel_model.workspace.GetGpuPeerAccessPattern")``.
@@ -19,9 +22,13 @@ from dpgraph import scope as scope
 from dpgraph import utils as utils
 from dpgraph import workspace as workspace
 from dpgraph.memory.dpm import OptimizeGradientMemory
-from dpgraph.parallel.bmuf import Parallelize_BMUF, Parallelize_CPU_BMUF, Parallelize_GPU_BMUF
-from dpgraph.parallel.collectives_control import CollectivesConcurrencyControl
-from dpgraph.parallel.config import make_config
+from dpgraph.parallel import collectives_control as _collectives_control
+from dpgraph.parallel.bmuf import parallelize_bmuf
+from dpgraph.parallel.config import (
+    DEFAULT_BARRIER_NET_TIMEOUT_SEC,
+    DEFAULT_TIMEOUT_SEC,
+    make_config,
+)
 from dpgraph.parallel.grouping import stripBlobName
 from dpgraph.parallel.lifecycle import (
     AddBlobSync,
@@ -46,8 +53,8 @@ from dpgraph.proto import caffe2_pb2 as caffe2_pb2
 
 log = logging.getLogger("data_parallel_model")
 
-_DEFAULT_TIMEOUT_SEC = 30
-_DEFAULT_BARRIER_NET_TIMEOUT_SEC = 300
+_DEFAULT_TIMEOUT_SEC = DEFAULT_TIMEOUT_SEC
+_DEFAULT_BARRIER_NET_TIMEOUT_SEC = DEFAULT_BARRIER_NET_TIMEOUT_SEC
 
 Builder = Callable[..., Any] | None
 
@@ -87,7 +94,8 @@ def Parallelize(
     """
     check_device_scope()  # first, as in Caffe2 (before devices are resolved)
     config = make_config(
-        devices=devices, input_builder_fun=input_builder_fun,
+        **_runtime_settings(devices, cpu_device or ideep, use_nccl),
+        input_builder_fun=input_builder_fun,
         forward_pass_builder_fun=forward_pass_builder_fun,
         param_update_builder_fun=param_update_builder_fun,
         optimizer_builder_fun=optimizer_builder_fun,
@@ -103,6 +111,22 @@ def Parallelize(
         barrier_net_timeout_sec=barrier_net_timeout_sec,
     )
     parallelize(model_helper_obj, config)
+
+
+def _runtime_settings(devices: Iterable[int] | None, cpu_like: bool,
+                      use_nccl: bool) -> dict[str, Any]:
+    """What Parallelize reads from the runtime (and this module's globals) when called:
+    the default devices, the GPU type and count, the peer-access pattern (GPU all-reduce
+    without NCCL) and the collective timeout."""
+    gpus = workspace.NumGpuDevices()
+    if devices is None:
+        devices = range(os.cpu_count() or 1) if cpu_like else range(gpus)
+    peer = None
+    if not cpu_like and not use_nccl:
+        pattern = np.asarray(workspace.GetGpuPeerAccessPattern())
+        peer = pattern if pattern.ndim == 2 else np.zeros((0, 0), dtype=bool)
+    return {"devices": devices, "gpu_device_type": int(workspace.GpuDeviceType),
+            "gpus_available": gpus, "peer_access": peer, "timeout_sec": _DEFAULT_TIMEOUT_SEC}
 
 
 def Parallelize_GPU(*args: Any, **kwargs: Any) -> None:
@@ -122,9 +146,72 @@ def Parallelize_iDeep(*args: Any, **kwargs: Any) -> None:
     Parallelize(*args, **kwargs)
 
 
+def Parallelize_BMUF(
+    model: Any,
+    input_fn: Builder,
+    forward_fn: Builder,
+    param_update_fn: Builder,
+    block_learning_rate: float = 1.0,
+    block_momentum: float | None = None,
+    devices: Iterable[int] | None = None,
+    rendezvous: Any = None,
+    net_type: str = "dag",
+    master_device: int | None = None,
+    use_nccl: bool = False,
+    nesterov: bool = False,
+    optimize_gradient_memory: bool = False,
+    reset_momentum_sgd: bool = False,
+    warmup_iterations: int | None = None,
+    max_concurrent_distributed_ops: int = 4,
+    add_blobs_to_sync: Iterable[Any] | None = None,
+    num_threads_per_device: int = 4,
+    cpu_device: bool = False,
+    barrier_net_timeout_sec: float = _DEFAULT_BARRIER_NET_TIMEOUT_SEC,
+) -> None:
+    """Replicate ``model`` over ``devices`` for blockwise model-update filtering (see
+    :mod:`dpgraph.parallel.bmuf`): local updates per device, and a global model update net.
+
+    ``block_momentum`` defaults to ``1 - 1/num_devices`` (devices times hosts) and
+    ``master_device`` to the first device.  On any error the model is left unchanged.
+    """
+    config = make_config(
+        **_runtime_settings(devices, cpu_device, use_nccl),
+        input_builder_fun=input_fn, forward_pass_builder_fun=forward_fn,
+        param_update_builder_fun=param_update_fn, rendezvous=rendezvous, net_type=net_type,
+        use_nccl=use_nccl, optimize_gradient_memory=optimize_gradient_memory,
+        max_concurrent_distributed_ops=max_concurrent_distributed_ops,
+        num_threads_per_device=num_threads_per_device, cpu_device=cpu_device,
+        barrier_net_timeout_sec=barrier_net_timeout_sec,
+    )
+    parallelize_bmuf(model, config, block_learning_rate=block_learning_rate,
+                     block_momentum=block_momentum, master_device=master_device,
+                     nesterov=nesterov, reset_momentum_sgd=reset_momentum_sgd,
+                     warmup_iterations=warmup_iterations, add_blobs_to_sync=add_blobs_to_sync)
+
+
+def Parallelize_GPU_BMUF(*args: Any, **kwargs: Any) -> None:
+    """``Parallelize_BMUF`` on GPUs."""
+    kwargs["cpu_device"] = False
+    Parallelize_BMUF(*args, **kwargs)
+
+
+def Parallelize_CPU_BMUF(*args: Any, **kwargs: Any) -> None:
+    """``Parallelize_BMUF`` on CPU devices."""
+    kwargs["cpu_device"] = True
+    Parallelize_BMUF(*args, **kwargs)
+
+
 def Synchronize(model: Any, timeout_sec: float = _DEFAULT_BARRIER_NET_TIMEOUT_SEC) -> None:
     """Deprecated explicit barrier across hosts (warns; a no-op on one host)."""
     _synchronize(model, timeout_sec)
+
+
+class CollectivesConcurrencyControl(_collectives_control.CollectivesConcurrencyControl):
+    """Caffe2's class: common worlds made without an explicit timeout use this module's
+    ``_DEFAULT_TIMEOUT_SEC``, read when each world is created."""
+
+    def default_timeout_sec(self) -> float:
+        return _DEFAULT_TIMEOUT_SEC
 
 
 __all__ = [

@@ -18,6 +18,7 @@ import numpy as np
 
 from dpgraph import brew as _brew
 from dpgraph import core, data_parallel_model, model_helper, optimizer, workspace
+from dpgraph.errors import ArgumentError
 from dpgraph.ir.device import CPU
 
 brew: Any = _brew  # helpers are registered dynamically
@@ -236,8 +237,8 @@ def run_demo(config: DemoConfig = DemoConfig(), stream: TextIO | None = None) ->
     stream = sys.stderr if stream is None else stream
     progress = Progress(stream, config.quiet)
     if config.batch_size % config.devices:
-        raise ValueError(f"batch size {config.batch_size} must be a multiple of the "
-                         f"{config.devices} devices")
+        raise ArgumentError(f"batch size {config.batch_size} must be a multiple of the "
+                            f"{config.devices} devices; change --batch-size or --devices")
     started = time.perf_counter()
     result = DemoResult()
     previous = workspace.CurrentWorkspace()

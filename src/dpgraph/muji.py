@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from dpgraph import workspace as workspace  # a module global, as in Caffe2 (tests patch it)
+from dpgraph.errors import DeviceError
 from dpgraph.ir.blob import BlobReference
 from dpgraph.ir.device import CPU, DeviceOption
 from dpgraph.proto import caffe2_pb2
@@ -56,8 +57,10 @@ def Allreduce(net: Any, blobs: Sequence[Any], reduced_affix: str = "_reduced",
     if gpu_indices is None:
         gpu_indices = list(range(len(blobs)))
     if len(gpu_indices) != len(blobs):
-        raise RuntimeError(
-            f"gpu_indices length and blobs length mismatch: {len(gpu_indices)} vs {len(blobs)}"
+        raise DeviceError(
+            f"gpu_indices length and blobs length mismatch: {len(gpu_indices)} vs "
+            f"{len(blobs)} (blobs {[str(b) for b in blobs]}, gpu_indices "
+            f"{list(gpu_indices)}); pass one GPU index per blob."
         )
     pattern = _peer_pattern()
 

@@ -6,6 +6,7 @@ A thin facade over :mod:`dpgraph.runtime`; ``has_gpu_support``, ``has_cuda_suppo
 
 from typing import Any
 
+from dpgraph.export.predictor import WorkspacePredictor as Predictor
 from dpgraph.ir.device import CUDA
 from dpgraph.ir.net import operator_tracebacks
 from dpgraph.ir.scope import CurrentNameScope as GetNameScope
@@ -77,7 +78,7 @@ __all__ = [
     "FeedBlob", "FetchBlob", "FetchBlobs", "GetCUDAVersion", "GetCuDNNVersion",
     "GetCudaPeerAccessPattern", "GetDeviceProperties",
     "GetGpuPeerAccessPattern", "GetNameScope", "GetNetName", "GlobalInit", "GpuDeviceType",
-    "HasBlob", "InferShapesAndTypes", "Nets", "NumCudaDevices", "NumGpuDevices",
+    "HasBlob", "InferShapesAndTypes", "Nets", "NumCudaDevices", "NumGpuDevices", "Predictor",
     "RegisteredOperators", "ResetBlob", "ResetWorkspace", "RootFolder", "RunNet",
     "RunNetOnce", "RunOperatorOnce", "RunOperatorsOnce", "RunPlan", "SerializeBlob",
     "SetVirtualGpus", "StringifyBlobName", "StringifyNetName", "StringifyProto",

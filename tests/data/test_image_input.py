@@ -3,7 +3,6 @@ record formats, the GPU-transform path and brew.image_input."""
 
 from __future__ import annotations
 
-
 from pathlib import Path
 
 import numpy as np

@@ -9,8 +9,16 @@ import time
 import numpy as np
 import pytest
 
-from dpgraph import brew, core, data_parallel_model, data_workers, model_helper, optimizer
-from dpgraph import parallel_workers, workspace
+from dpgraph import (
+    brew,
+    core,
+    data_parallel_model,
+    data_workers,
+    model_helper,
+    optimizer,
+    parallel_workers,
+    workspace,
+)
 from dpgraph.errors import DataInputError
 
 

@@ -10,7 +10,6 @@ from dpgraph.errors import (
     ModelConfigError,
     ModelError,
     ModelStateError,
-    NotSupportedError,
     UnknownOperatorError,
 )
 from dpgraph.model_helper import ModelHelper
@@ -192,12 +191,16 @@ def test_get_devices_and_data_input() -> None:
         model.GetDevices()
     model._devices = [0, 1]
     assert model.GetDevices() == [0, 1]
-    with pytest.raises(NotSupportedError):
-        model.TensorProtosDBInput([], ["data", "label"], 32, "/tmp/db", "lmdb")
+    data, label = model.TensorProtosDBInput([], ["data", "label"], 32, "/tmp/db", "lmdb")
+    assert (str(data), str(label)) == ("data", "label")
+    assert [op.type for op in model.param_init_net.Proto().op] == ["CreateDB"]
+    assert model.net.Proto().op[0].type == "TensorProtosDBInput"
     with pytest.raises(ModelError):
         model.TensorProtosDBInput(["reader"], ["data"], 32, "/tmp/db", "lmdb")
-    with pytest.raises(NotSupportedError):
-        model.CreateDB("reader", db="/tmp/db", db_type="lmdb")
+    reader = model.CreateDB("reader", db="/tmp/db", db_type="lmdb", num_shards=2)
+    assert str(reader) == "reader"
+    args = {a.name for a in model.param_init_net.Proto().op[-1].arg}
+    assert args == {"db", "db_type", "num_shards"}
 
 
 def test_run_all_on_gpu_sets_both_nets() -> None:

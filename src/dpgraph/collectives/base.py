@@ -22,7 +22,7 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 
-from dpgraph.errors import CollectiveError, CollectiveTimeoutError
+from dpgraph.errors import CollectiveError, CollectiveTimeoutError, DpgraphError
 
 T = TypeVar("T")
 
@@ -173,6 +173,9 @@ class BaseBackend(ABC):
     """
 
     backend = "base"
+    #: What the backend's transport raises when a peer is gone or late; only these become
+    #: CollectiveTimeoutError (any other exception is a bug or bad input and propagates).
+    peer_failures: tuple[type[BaseException], ...] = (TimeoutError,)
 
     def __init__(self, name: str, rank: int, size: int, timeout: float = DEFAULT_TIMEOUT_SEC,
                  engine: str = "") -> None:
@@ -324,9 +327,9 @@ class BaseBackend(ABC):
             start = time.monotonic()
             try:
                 return fn(limit)
-            except CollectiveError:
+            except DpgraphError:
                 raise
-            except Exception as error:  # the backend's own failure: a peer is gone or late
+            except self.peer_failures as error:  # the transport's failure: a peer gone or late
                 raise self.timeout_error(op, limit, time.monotonic() - start, error) from error
 
     def missing_ranks(self) -> str:

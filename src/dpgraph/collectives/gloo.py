@@ -71,6 +71,8 @@ class GlooBackend(BaseBackend):
     """One common world: a ``ProcessGroupGloo`` over a prefix of ``store``."""
 
     backend = "gloo"
+    #: torch.distributed reports a dead or late peer as RuntimeError (DistError and kin)
+    peer_failures = (RuntimeError, TimeoutError)
 
     def __init__(self, store: Any, rank: int, size: int, name: str,
                  timeout: float = DEFAULT_TIMEOUT_SEC, transport: str = "tcp",

@@ -45,7 +45,7 @@ def check_available() -> None:
     cupy, _ = _cupy()
     try:
         count = cupy.cuda.runtime.getDeviceCount()
-    except Exception as error:  # CUDA driver missing
+    except RuntimeError as error:  # CUDARuntimeError: no usable CUDA driver
         raise DeviceError(f"The nccl backend found no usable CUDA driver: {error}") from error
     if count < 1:
         raise DeviceError("The nccl backend needs a GPU; none is visible.")
@@ -79,6 +79,9 @@ class NcclBackend(BaseBackend):
     """A common world over real GPUs (local copies through CuPy, ranks through torch)."""
 
     backend = "nccl"
+    #: NCCL (CuPy's NcclError) and torch.distributed raise RuntimeError subclasses;
+    #: ``_run_bounded`` raises TimeoutError for a collective that never completes
+    peer_failures = (RuntimeError, TimeoutError)
 
     def __init__(self, store: Any, rank: int, size: int, name: str,
                  timeout: float = DEFAULT_TIMEOUT_SEC, engine: str = "NCCL") -> None:

@@ -54,7 +54,7 @@ def init_data_input_workers(net: Any, input_blob_names: list[Any], fetch_fun: Ca
                             timeout: float = 600) -> GlobalCoordinator:
     """Fetcher threads feeding ``input_blob_names`` of ``net``; returns the coordinator
     (``start()``, ``stop()``, ``stop_coordinator(name)``, ``reset_data_input(...)``)."""
-    device_option = scope.CurrentDeviceScope() or DeviceOption(caffe2_pb2.CPU)
+    device_option = scope.CurrentDeviceScope() or DeviceOption(caffe2_pb2.PROTO_CPU)
     metrics = Metrics(external_loggers)
     feeder = BatchFeeder(net, input_blob_names, batch_size, device_option,
                          scope.CurrentNameScope(), input_source_name,
@@ -239,17 +239,18 @@ class BatchFeeder(State):
                     np.append(batch[j], item, axis=self._batch_columns[j])
         if batch[0] is None or not data_input_coordinator.is_active():
             return
+        arrays: list[np.ndarray] = [b for b in batch if b is not None]
         start = time.time()
         try:
-            if batch[0].shape[column] > self._batch_size:
+            if arrays[0].shape[column] > self._batch_size:
                 parts = [np.split(b, [self._batch_size], axis=c)
-                         for b, c in zip(batch, self._batch_columns)]  # type: ignore[arg-type]
-                batch = [p[0] for p in parts]
+                         for b, c in zip(arrays, self._batch_columns)]
+                arrays = [p[0] for p in parts]
                 try:
                     self._internal_queue.put([p[1] for p in parts], block=False)
                 except pyqueue.Full:
                     pass
-            for blob, queue, array in zip(self._input_blob_names, self._queues, batch):
+            for blob, queue, array in zip(self._input_blob_names, self._queues, arrays):
                 self._enqueue(blob, queue, array)
         finally:
             self._metrics.put_metric("enqueue_time", time.time() - start)

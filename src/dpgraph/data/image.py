@@ -58,6 +58,7 @@ class ImageParams:
 
 def decode(record: ImageRecord, channels: int) -> Image.Image:
     """The record's image as a Pillow image in RGB (3 channels) or L (1 channel)."""
+    image: Image.Image
     if record.encoded is not None:
         image = Image.open(io.BytesIO(record.encoded))
         image.load()
@@ -81,7 +82,8 @@ def _bbox(image: Image.Image, box: tuple[int, int, int, int] | None) -> Image.Im
 
 def _resize(image: Image.Image, width: int, height: int) -> Image.Image:
     enlarge = width > image.width or height > image.height
-    return image.resize((width, height), Image.BILINEAR if enlarge else Image.BOX)
+    return image.resize((width, height), Image.Resampling.BILINEAR if enlarge
+                        else Image.Resampling.BOX)
 
 
 def _inception_crop(image: Image.Image, crop: int, rng: np.random.Generator

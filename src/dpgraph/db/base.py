@@ -70,7 +70,7 @@ class Cursor(ABC):
     @abstractmethod
     def valid(self) -> bool: ...
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027  (optional hook: most cursors hold nothing)
         """Release the cursor's resources (also done when it is freed)."""
 
     def __iter__(self) -> Any:
@@ -161,7 +161,7 @@ class DB(ABC):
     @abstractmethod
     def new_transaction(self) -> Transaction: ...
 
-    def set_options(self, options: Any) -> None:
+    def set_options(self, options: Any) -> None:  # noqa: B027  (a no-op unless overridden)
         """Caffe2's ``SetOptions``: a no-op for the built-in DBs."""
 
     def close(self) -> None:

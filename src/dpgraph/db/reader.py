@@ -95,7 +95,7 @@ class DBReader:
     def to_proto(self, name: str) -> caffe2_pb2.DBReaderProto:
         proto = caffe2_pb2.DBReaderProto(name=name, source=self.source, db_type=self.db_type)
         if self._cursor.supports_seek() and self._cursor.valid():
-            proto.key = self._cursor.key()
+            proto.key = self._cursor.key().decode("latin-1")
         return proto
 
     @classmethod

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from dpgraph.errors import (
+    CommandError,
     DpgraphError,
     ExportError,
     MissingDependencyError,
@@ -32,31 +33,20 @@ from dpgraph.proto import caffe2_pb2
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
-class CommandError(Exception):
-    """A failure to report as one line on stderr with exit code ``code``."""
-
-    def __init__(self, message: str, code: int = EXIT_USAGE) -> None:
-        super().__init__(message)
-        self.code = code
-
-
 def _one_line(message: str) -> str:
     return "; ".join(part.strip() for part in str(message).splitlines() if part.strip())
 
 
 def _guarded(name: str, body: Callable[[argparse.Namespace], int]
              ) -> Callable[[argparse.Namespace], int]:
-    """Run ``body``; turn expected failures into ``dpgraph <name>: error: ...`` + exit code."""
+    """Run ``body``; turn expected failures into ``dpgraph <name>: error: ...`` + exit code
+    (2 for the user's input: CommandError, unreadable nets; 1 for everything else)."""
     def run(args: argparse.Namespace) -> int:
         try:
             return body(args)
-        except CommandError as error:
-            code, message = error.code, str(error)
-        except (ProtoError, TextFormatError) as error:
+        except (CommandError, ProtoError, TextFormatError) as error:
             code, message = EXIT_USAGE, str(error)
-        except MissingDependencyError as error:
-            code, message = EXIT_FAILED, str(error)
-        except ExportError as error:
+        except (MissingDependencyError, ExportError) as error:
             code, message = EXIT_FAILED, str(error)
         except DpgraphError as error:
             code, message = EXIT_FAILED, f"{type(error).__name__}: {error}"
@@ -328,8 +318,7 @@ def run_export_onnx(args: argparse.Namespace) -> int:
     try:
         onnx.checker.check_model(model, full_check=True)
     except onnx.checker.ValidationError as error:  # a bug in the exporter, not the user's
-        raise CommandError(f"the exported model fails onnx.checker: {error}", EXIT_FAILED
-                           ) from error
+        raise ExportError(f"the exported model fails onnx.checker: {error}") from error
     _write_atomic(model.SerializeToString(), args.output)
     print(f"wrote {args.output} (opset {args.opset}, {len(model.graph.node)} nodes, "
           f"{len(model.graph.initializer)} initializers)")

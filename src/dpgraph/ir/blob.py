@@ -20,6 +20,11 @@ def _as_str(name: Any) -> str:
     return name.decode("utf-8") if isinstance(name, bytes) else str(name)
 
 
+class BlobConcatError(BlobNameError, RuntimeError):
+    """``BlobReference + x`` with a non-string ``x`` (Caffe2 raised RuntimeError; this is
+    that and a BlobNameError)."""
+
+
 class BlobReference:
     """A blob name, optionally bound to the net that produces it.
 
@@ -60,12 +65,14 @@ class BlobReference:
 
     def __add__(self, other: object) -> BlobReference:
         if not isinstance(other, str):
-            raise RuntimeError("Cannot add BlobReference to a non-string.")
+            raise BlobConcatError(f"Cannot add BlobReference {self._name!r} to a non-string "
+                                  f"({type(other).__name__}); add a str suffix.")
         return BlobReference(self._name + other, self._from_net)
 
     def __radd__(self, other: object) -> BlobReference:
         if not isinstance(other, str):
-            raise RuntimeError("Cannot add a non-string to BlobReference.")
+            raise BlobConcatError(f"Cannot add a non-string ({type(other).__name__}) to "
+                                  f"BlobReference {self._name!r}; add a str prefix.")
         return BlobReference(other + self._name, self._from_net)
 
     def Net(self) -> Net | None:

@@ -472,6 +472,7 @@ def _fields(data: bytes) -> Iterator[tuple[int, Any]]:
     while pos < len(data):
         tag, pos = _varint(data, pos)
         number, wire = tag >> 3, tag & 7
+        value: Any
         if wire == 0:
             value, pos = _varint(data, pos)
         elif wire == 2:
@@ -541,7 +542,7 @@ def _decode_varints(buf: bytes) -> np.ndarray:
     return np.bitwise_or.reduceat(parts, starts).view(np.int64)
 
 
-_FIXED = {3: np.dtype("<f4"), 9: np.dtype("<f8")}
+_FIXED: dict[int, np.dtype] = {3: np.dtype("<f4"), 9: np.dtype("<f8")}
 _VARINT_FIELDS = {1, 4, 10}
 
 

@@ -318,8 +318,9 @@ def _checkpoint(ctx: OpContext) -> Outputs:
     return ()
 
 
-register_op("Checkpoint", inputs=(1, None), outputs=0, side_effects=True, cross_device=True)(_checkpoint)
-register_op("Snapshot", inputs=(1, None), outputs=0, side_effects=True, cross_device=True)(_checkpoint)
+for _name in ("Checkpoint", "Snapshot"):
+    register_op(_name, inputs=(1, None), outputs=0, side_effects=True,
+                cross_device=True)(_checkpoint)
 
 
 def _no_gradient(g: Any) -> None:

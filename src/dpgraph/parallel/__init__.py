@@ -3,9 +3,10 @@ data-parallel one.  The Caffe2-named entry points live in :mod:`dpgraph.data_par
 """
 
 from dpgraph.collectives.rendezvous import Rendezvous
-from dpgraph.parallel import multihost as multihost  # registers the multi-host hooks
 from dpgraph.parallel.config import ParallelConfig, make_config
+from dpgraph.parallel.passes import Pass, parallel_pass, run_passes
 from dpgraph.parallel.pipeline import parallelize
 from dpgraph.parallel.state import ParallelState
 
-__all__ = ["ParallelConfig", "ParallelState", "Rendezvous", "make_config", "parallelize"]
+__all__ = ["ParallelConfig", "ParallelState", "Pass", "Rendezvous", "make_config",
+           "parallel_pass", "parallelize", "run_passes"]

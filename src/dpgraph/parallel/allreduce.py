@@ -35,11 +35,11 @@ class GradientSliceSyncError(ParallelizeError):
     """Sparse gradients cannot be all-reduced on CPU devices (as in Caffe2)."""
 
 
-def peer_access_pattern() -> np.ndarray | None:
-    """``workspace.GetGpuPeerAccessPattern()``, read at call time (tests may patch it)."""
-    from dpgraph import workspace
-
-    return np.asarray(workspace.GetGpuPeerAccessPattern())
+def peer_access_pattern(state: ParallelState) -> np.ndarray | None:
+    """The GPU peer-access pattern the facade read when Parallelize was called (Caffe2's
+    ``workspace.GetGpuPeerAccessPattern()``); ``None`` when it was not needed."""
+    pattern = state.config.peer_access
+    return None if pattern is None else np.asarray(pattern, dtype=bool)
 
 
 def broadcast(state: ParallelState, net: Any, name: str, use_nccl: bool = False) -> None:
@@ -151,7 +151,7 @@ def allreduce_single_host(state: ParallelState, names: Sequence[str], net: Any) 
         return
     pattern = None
     if state.config.is_gpu and not state.config.use_nccl:
-        pattern = peer_access_pattern()
+        pattern = peer_access_pattern(state)
     last_out: Any = None
     concatenated: set[str] = set()
     for name in names:

@@ -28,17 +28,15 @@ from typing import Any
 from dpgraph.errors import ParallelizeError
 from dpgraph.ir.blob import BlobReference
 from dpgraph.ir.net import Net
-from dpgraph.parallel import distributed, grouping, replicate
+from dpgraph.parallel import grouping, memory, multihost, replicate
 from dpgraph.parallel._emit import device_option, emit, make_op
 from dpgraph.parallel.allreduce import allreduce_single_host, broadcast
-from dpgraph.parallel.config import ParallelConfig, make_config
-from dpgraph.parallel.state import ParallelState, publish, publish_start
-from dpgraph.parallel.transaction import take_snapshot
+from dpgraph.parallel.config import ParallelConfig
+from dpgraph.parallel.passes import Pass, parallel_pass, run_passes
+from dpgraph.parallel.state import ParallelState, start_attributes
 from dpgraph.parallel.validate import validate_call
 
 log = logging.getLogger("dpgraph.parallel")
-
-Builder = Any
 
 
 def _v(param: Any) -> str:
@@ -66,27 +64,42 @@ class BmufOptions:
     add_blobs_to_sync: tuple[str, ...]
 
 
-def _master_first(state: ParallelState, master: int) -> ParallelState:
-    """A view of ``state`` whose device order starts with ``master`` (reductions land on
-    and broadcasts leave from the first device), sharing the grouped blobs."""
-    devices = (master,) + tuple(d for d in state.devices if d != master)
-    config = dataclasses.replace(state.config, devices=devices)
-    view = ParallelState(model=state.model, config=config)
-    view.grouped = OrderedDict(
-        (name, {d: group[d] for d in devices if d in group})
-        for name, group in state.grouped.items())
-    view.blob_to_device = state.blob_to_device
-    view.param_names = state.param_names
-    return view
+@dataclasses.dataclass
+class BmufState(ParallelState):
+    """The Parallelize state plus BMUF's options and nets."""
 
+    options: BmufOptions | None = None
+    global_init_net: Net | None = None
+    update_net: Net | None = None
 
-def _is_multi_host(config: ParallelConfig) -> bool:
-    return config.rendezvous is not None and config.rendezvous.is_multi_host
+    @property
+    def opts(self) -> BmufOptions:
+        assert self.options is not None
+        return self.options
+
+    def master_first(self) -> ParallelState:
+        """A view whose device order starts with the master device (reductions land on and
+        broadcasts leave from the first device), sharing the grouped blobs' entries."""
+        master = self.opts.master_device
+        devices = (master,) + tuple(d for d in self.devices if d != master)
+        view = ParallelState(model=self.model,
+                             config=dataclasses.replace(self.config, devices=devices))
+        view.grouped = OrderedDict(
+            (name, {d: group[d] for d in devices if d in group})
+            for name, group in self.grouped.items())
+        view.blob_to_device = self.blob_to_device
+        view.param_names = self.param_names
+        view.broadcast_context = self.broadcast_context
+        return view
+
+    def adopt(self, view: ParallelState) -> None:
+        """Keep what a pass made on a view (the multi-host broadcast context)."""
+        self.broadcast_context = view.broadcast_context
 
 
 def _allreduce(view: ParallelState, names: Sequence[str], net: Net) -> None:
-    if _is_multi_host(view.config):
-        distributed.get_distributed_hooks(view.config).allreduce(view, list(names), net)
+    if view.config.is_multi_host:
+        multihost.allreduce(view, list(names), net)
     else:
         allreduce_single_host(view, list(names), net)
 
@@ -94,33 +107,11 @@ def _allreduce(view: ParallelState, names: Sequence[str], net: Net) -> None:
 def _broadcast(view: ParallelState, init_net: Net | None, net: Net,
                names: Iterable[str], max_ops: int) -> None:
     ordered = sorted(names)
-    if _is_multi_host(view.config):
-        distributed.get_distributed_hooks(view.config).sync_params(view, init_net, net,
-                                                                  ordered, max_ops)
+    if view.config.is_multi_host:
+        multihost.sync_params(view, init_net, net, ordered, max_ops)
         return
     for name in ordered:
         broadcast(view, net, name)
-
-
-def _build_replicas(state: ParallelState, param_update_fn: Builder) -> None:
-    """Input, forward, backward and local updates per device; params grouped."""
-    model = state.model
-    replicate.replicate(state)
-    grouping.validate_params(model.params)
-    state.grouped = grouping.group_by_device(state, model.params, state.non_datapar_params)
-    state.param_names = list(state.grouped)
-    publish(state)
-    replicate.add_gradients(state)
-    if state.config.optimize_gradient_memory:
-        from dpgraph.parallel.memory import get_memory_hooks
-
-        hooks = get_memory_hooks()
-        if hooks is not None:
-            hooks.optimize_gradient_memory(state)
-    publish(state)
-    replicate.per_device(state, param_update_fn)
-    grouping.infer_blob_device(state)
-    _check_params_initialised(state)
 
 
 def _check_params_initialised(state: ParallelState) -> None:
@@ -176,14 +167,15 @@ def _global_update_net(view: ParallelState, options: BmufOptions, num_devices: i
     return net
 
 
-def _sync_extra_blobs(view: ParallelState, net: Net, blobs: Sequence[str]) -> None:
+def _sync_extra_blobs(state: BmufState, view: ParallelState, net: Net,
+                      blobs: Sequence[str]) -> None:
     prefix = view.config.device_prefix
     for b in blobs:
         if b.startswith(prefix):
             raise ParallelizeError(f"add_blobs_to_sync takes unprefixed names; got {b}.")
         group = {d: BlobReference(f"{prefix}_{d}/{b}") for d in view.devices}
         view.grouped[b] = group
-        view.model._device_grouped_blobs[b] = group
+        state.grouped[b] = group
     _broadcast(view, None, net, blobs, 1)
 
 
@@ -208,34 +200,138 @@ def _warmup_net(view: ParallelState, options: BmufOptions) -> Net:
     return net
 
 
-def _run(state: ParallelState, param_update_fn: Builder, options: BmufOptions) -> None:
-    config, model = state.config, state.model
-    publish_start(state)
-    proto = model.net.Proto()
-    proto.type, proto.num_workers = config.net_type, config.num_workers
-    _build_replicas(state, param_update_fn)
-    view = _master_first(state, options.master_device)
-    _broadcast(view, model.param_init_net, model.param_init_net, view.param_names, 1)
-    num_devices = len(config.devices) * config.num_shards
-    init_net = _global_init_net(view, options)
-    update_net = _global_update_net(view, options, num_devices)
-    publish(state)
-    if options.add_blobs_to_sync:
-        _sync_extra_blobs(view, update_net, options.add_blobs_to_sync)
-    if options.reset_momentum_sgd:
-        _reset_momentum(model, update_net)
-    if options.warmup_iterations is not None:
-        model._warmup_iterations = options.warmup_iterations
-        model._warmup_broadcast = _warmup_net(view, options)
-    model._global_model_init_net = init_net
-    model._global_model_param_updates_net = update_net
-    model._bmuf_master_device = options.master_device
-    state.init_nets = [model.param_init_net, init_net]
-    state.nets = [model.net, (update_net, 1)]
+# --- the passes ---------------------------------------------------------------------------------
+@parallel_pass(reads=("config",), writes=("model_attrs", "net"))
+def _start(state: ParallelState) -> None:
+    state.model_attrs.update(start_attributes(state))
+    proto = state.model.net.Proto()
+    proto.type, proto.num_workers = state.config.net_type, state.config.num_workers
+
+
+@parallel_pass(reads=("model", "non_datapar_params"), writes=("grouped", "param_names"))
+def _group_params(state: ParallelState) -> None:
+    grouping.validate_params(state.model.params)
+    state.grouped = grouping.group_by_device(state, state.model.params,
+                                             state.non_datapar_params)
+    state.param_names = list(state.grouped)
+
+
+@parallel_pass(reads=("losses_by_device",), writes=("net", "model"))
+def _add_gradients(state: ParallelState) -> None:
+    replicate.add_gradients(state)
+
+
+@parallel_pass(reads=("net", "losses_by_device", "model"), writes=("net",),
+               enabled=lambda config: config.optimize_gradient_memory)
+def _optimize_gradient_memory(state: ParallelState) -> None:
+    memory.optimize_gradient_memory(state)
+
+
+@parallel_pass(reads=("config.param_update_builder_fun",),
+               writes=("net", "param_init_net", "model"), user_code=True)
+def _local_updates(state: ParallelState) -> None:
+    assert state.config.param_update_builder_fun is not None  # checked by parallelize_bmuf
+    replicate.per_device(state, state.config.param_update_builder_fun)
+
+
+@parallel_pass(reads=("net", "param_init_net", "grouped"), writes=("blob_to_device",))
+def _infer_devices(state: ParallelState) -> None:
+    grouping.infer_blob_device(state)
+    _check_params_initialised(state)
+
+
+@parallel_pass(reads=("grouped", "param_names", "blob_to_device"),
+               writes=("param_init_net", "broadcast_context"))
+def _initial_broadcast(state: BmufState) -> None:
+    view = state.master_first()
+    init_net = state.model.param_init_net
+    _broadcast(view, init_net, init_net, view.param_names, 1)
+    state.adopt(view)
+
+
+@parallel_pass(reads=("grouped", "param_names", "blob_to_device"),
+               writes=("global_init_net", "update_net", "param_init_net", "broadcast_context"))
+def _global_model_nets(state: BmufState) -> None:
+    view = state.master_first()
+    num_devices = len(state.config.devices) * state.config.num_shards
+    state.global_init_net = _global_init_net(view, state.opts)
+    state.update_net = _global_update_net(view, state.opts, num_devices)
+    state.adopt(view)
+
+
+@parallel_pass(reads=("update_net",), writes=("update_net", "grouped", "broadcast_context"))
+def _add_blobs_to_sync(state: BmufState) -> None:
+    if state.opts.add_blobs_to_sync:
+        assert state.update_net is not None
+        view = state.master_first()
+        _sync_extra_blobs(state, view, state.update_net, state.opts.add_blobs_to_sync)
+        state.adopt(view)
+
+
+@parallel_pass(reads=("net", "update_net"), writes=("update_net",))
+def _reset_momentum_sgd(state: BmufState) -> None:
+    if state.opts.reset_momentum_sgd:
+        assert state.update_net is not None
+        _reset_momentum(state.model, state.update_net)
+
+
+@parallel_pass(reads=("grouped", "param_names"),
+               writes=("model_attrs", "param_init_net", "broadcast_context"))
+def _warmup(state: BmufState) -> None:
+    if state.opts.warmup_iterations is not None:
+        view = state.master_first()
+        state.model_attrs.update(_warmup_iterations=state.opts.warmup_iterations,
+                                 _warmup_broadcast=_warmup_net(view, state.opts))
+        state.adopt(view)
+
+
+@parallel_pass(reads=("global_init_net", "update_net"),
+               writes=("model_attrs", "init_nets", "nets", "finished"))
+def _finish(state: BmufState) -> None:
+    model = state.model
+    state.model_attrs.update(_global_model_init_net=state.global_init_net,
+                             _global_model_param_updates_net=state.update_net,
+                             _bmuf_master_device=state.opts.master_device)
+    state.init_nets = [model.param_init_net, state.global_init_net]
+    state.nets = [model.net, (state.update_net, 1)]
     state.finished = True
-    if _is_multi_host(config):
-        distributed.get_distributed_hooks(config).add_barrier(
-            state, config.barrier_net_timeout_sec)
+
+
+@parallel_pass(reads=("config.rendezvous",), writes=("init_nets", "nets", "model_attrs"),
+               enabled=lambda config: config.is_multi_host)
+def _barrier(state: ParallelState) -> None:
+    multihost.add_barrier(state, state.config.barrier_net_timeout_sec)
+
+
+#: The Parallelize_BMUF pipeline, in order.
+BMUF_PASSES: tuple[Pass, ...] = (
+    _start, replicate.replicate, _group_params, _add_gradients, _optimize_gradient_memory,
+    _local_updates, _infer_devices, _initial_broadcast, _global_model_nets,
+    _add_blobs_to_sync, _reset_momentum_sgd, _warmup, _finish, _barrier,
+)
+
+
+def bmuf_options(config: ParallelConfig, block_learning_rate: float = 1.0,
+                 block_momentum: float | None = None, master_device: int | None = None,
+                 nesterov: bool = False, reset_momentum_sgd: bool = False,
+                 warmup_iterations: int | None = None,
+                 add_blobs_to_sync: Iterable[Any] | None = None) -> BmufOptions:
+    """The BMUF-only arguments, validated (``block_momentum`` defaults to
+    ``1 - 1/num_devices``, devices times hosts, and ``master_device`` to the first device)."""
+    return _options(config, block_learning_rate, block_momentum, master_device, nesterov,
+                    reset_momentum_sgd, warmup_iterations, add_blobs_to_sync)
+
+
+def parallelize_bmuf(model: Any, config: ParallelConfig, **options: Any) -> BmufState:
+    """Run the BMUF pipeline (``options``: the arguments of :func:`bmuf_options`); on any
+    error the model is left unchanged."""
+    if config.param_update_builder_fun is None:
+        raise ParallelizeError("Parallelize_BMUF needs param_update_fn (the local update "
+                               "each device runs).")
+    validate_call(model, config)
+    state = BmufState(model=model, config=config, options=bmuf_options(config, **options))
+    run_passes(model, config, BMUF_PASSES, state=state, validate=None)
+    return state
 
 
 def _options(config: ParallelConfig, block_learning_rate: float,
@@ -258,68 +354,3 @@ def _options(config: ParallelConfig, block_learning_rate: float,
         warmup_iterations=None if warmup_iterations is None else int(warmup_iterations),
         add_blobs_to_sync=tuple(str(b) for b in add_blobs_to_sync or ()),
     )
-
-
-def Parallelize_BMUF(
-    model: Any,
-    input_fn: Builder,
-    forward_fn: Builder,
-    param_update_fn: Builder,
-    block_learning_rate: float = 1.0,
-    block_momentum: float | None = None,
-    devices: Iterable[int] | None = None,
-    rendezvous: Any = None,
-    net_type: str = "dag",
-    master_device: int | None = None,
-    use_nccl: bool = False,
-    nesterov: bool = False,
-    optimize_gradient_memory: bool = False,
-    reset_momentum_sgd: bool = False,
-    warmup_iterations: int | None = None,
-    max_concurrent_distributed_ops: int = 4,
-    add_blobs_to_sync: Iterable[Any] | None = None,
-    num_threads_per_device: int = 4,
-    cpu_device: bool = False,
-    barrier_net_timeout_sec: float = 300,
-) -> None:
-    """Replicate ``model`` over ``devices`` for BMUF training (see the module docstring).
-
-    ``block_momentum`` defaults to ``1 - 1/num_devices`` (devices times hosts) and
-    ``master_device`` to the first device.  A rendezvous with ``num_shards > 1`` needs the
-    multi-host collectives (else :class:`~dpgraph.errors.NotSupportedError` before the
-    model is touched).  On any error the model is left unchanged.
-    """
-    if param_update_fn is None:
-        raise ParallelizeError("Parallelize_BMUF needs param_update_fn (the local update "
-                               "each device runs).")
-    config = make_config(
-        devices=devices, input_builder_fun=input_fn, forward_pass_builder_fun=forward_fn,
-        param_update_builder_fun=param_update_fn, rendezvous=rendezvous, net_type=net_type,
-        use_nccl=use_nccl, optimize_gradient_memory=optimize_gradient_memory,
-        max_concurrent_distributed_ops=max_concurrent_distributed_ops,
-        num_threads_per_device=num_threads_per_device, cpu_device=cpu_device,
-        barrier_net_timeout_sec=barrier_net_timeout_sec,
-    )
-    validate_call(model, config)
-    options = _options(config, block_learning_rate, block_momentum, master_device, nesterov,
-                       reset_momentum_sgd, warmup_iterations, add_blobs_to_sync)
-    snapshot = take_snapshot(model)
-    state = ParallelState(model=model, config=config)
-    try:
-        _run(state, param_update_fn, options)
-        publish(state)
-    except BaseException:
-        snapshot.restore()
-        raise
-
-
-def Parallelize_GPU_BMUF(*args: Any, **kwargs: Any) -> None:
-    """``Parallelize_BMUF`` on GPUs."""
-    kwargs["cpu_device"] = False
-    Parallelize_BMUF(*args, **kwargs)
-
-
-def Parallelize_CPU_BMUF(*args: Any, **kwargs: Any) -> None:
-    """``Parallelize_BMUF`` on CPU devices."""
-    kwargs["cpu_device"] = True
-    Parallelize_BMUF(*args, **kwargs)

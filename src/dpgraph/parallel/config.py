@@ -7,14 +7,18 @@ once, at the facade, into a :class:`ParallelConfig`; every pass reads only that 
 from __future__ import annotations
 
 import numbers
-import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from dpgraph.collectives.rendezvous import Rendezvous, as_rendezvous
-from dpgraph.errors import NotSupportedError, ParallelizeError
+from dpgraph.errors import ParallelizeError
 from dpgraph.ir.device import CPU, CUDA, IDEEP
+
+#: Caffe2's ``_DEFAULT_TIMEOUT_SEC``: common worlds (collective contexts) time out after this.
+DEFAULT_TIMEOUT_SEC = 30
+#: Caffe2's ``_DEFAULT_BARRIER_NET_TIMEOUT_SEC``: the pre-training barrier's timeout.
+DEFAULT_BARRIER_NET_TIMEOUT_SEC = 300
 
 BuilderFun = Callable[..., Any] | None
 
@@ -47,7 +51,16 @@ class ParallelConfig:
     num_threads_per_device: int = 4
     shared_model: bool = False
     combine_spatial_bn: bool = False
-    barrier_net_timeout_sec: float = 300
+    barrier_net_timeout_sec: float = DEFAULT_BARRIER_NET_TIMEOUT_SEC
+    # values the facade resolves from the runtime when Parallelize is called
+    timeout_sec: float = DEFAULT_TIMEOUT_SEC
+    peer_access: tuple[tuple[bool, ...], ...] | None = None
+    gpus_available: int | None = None
+    verify: bool = False
+
+    @property
+    def is_multi_host(self) -> bool:
+        return self.rendezvous is not None and self.rendezvous.is_multi_host
 
     @property
     def num_shards(self) -> int:
@@ -85,26 +98,7 @@ class ParallelConfig:
         return f"{self.device_prefix}_{device}"
 
 
-def _default_devices(cpu_like: bool) -> list[int]:
-    if cpu_like:
-        return list(range(os.cpu_count() or 1))
-    from dpgraph import workspace
-
-    return list(range(workspace.NumGpuDevices()))
-
-
-def _gpu_device_type() -> int:
-    try:
-        from dpgraph import workspace
-
-        return int(getattr(workspace, "GpuDeviceType", CUDA))
-    except ImportError:  # the runtime facade is optional for graph building
-        return CUDA
-
-
-def _normalise_devices(devices: Iterable[int] | None, cpu_like: bool) -> tuple[int, ...]:
-    if devices is None:
-        devices = _default_devices(cpu_like)
+def _normalise_devices(devices: Iterable[int]) -> tuple[int, ...]:
     try:
         given = list(devices)
     except TypeError as error:
@@ -126,8 +120,13 @@ def _normalise_devices(devices: Iterable[int] | None, cpu_like: bool) -> tuple[i
     return result
 
 
-def make_config(**kwargs: Any) -> ParallelConfig:
-    """Build a :class:`ParallelConfig` from Caffe2's ``Parallelize`` keyword arguments."""
+def make_config(*, devices: Iterable[int], gpu_device_type: int = CUDA,
+                **kwargs: Any) -> ParallelConfig:
+    """Build a :class:`ParallelConfig` from Caffe2's ``Parallelize`` keyword arguments.
+
+    ``devices`` are explicit (the facade resolves Caffe2's default: every GPU or CPU);
+    ``gpu_device_type`` is the runtime's GPU type (``workspace.GpuDeviceType``).
+    """
     cpu_device = bool(kwargs.get("cpu_device", False))
     ideep = bool(kwargs.get("ideep", False))
     device_type: int
@@ -136,18 +135,22 @@ def make_config(**kwargs: Any) -> ParallelConfig:
     elif cpu_device:
         device_type, prefix = int(CPU), "cpu"
     else:
-        device_type, prefix = _gpu_device_type(), "gpu"
-    devices = _normalise_devices(kwargs.pop("devices", None), cpu_device or ideep)
+        device_type, prefix = int(gpu_device_type), "gpu"
+    normalised = _normalise_devices(devices)
     given = kwargs.pop("rendezvous", None)
     rendezvous = as_rendezvous(given)
     legacy = given
     if rendezvous is not None and not isinstance(given, Mapping):
         legacy = rendezvous.to_legacy()
     keep = kwargs.pop("blobs_to_keep", None)
+    peer = kwargs.pop("peer_access", None)
     return ParallelConfig(
-        devices=devices, device_type=device_type, device_prefix=prefix,
+        devices=normalised, device_type=device_type, device_prefix=prefix,
         rendezvous=rendezvous, rendezvous_legacy=legacy,
-        blobs_to_keep=None if keep is None else tuple(keep), **kwargs,
+        blobs_to_keep=None if keep is None else tuple(keep),
+        peer_access=None if peer is None else tuple(tuple(bool(v) for v in row)
+                                                     for row in peer),
+        **kwargs,
     )
 
 
@@ -167,27 +170,3 @@ def check_supported(config: ParallelConfig) -> None:
         )
     if config.combine_spatial_bn and not config.has_parameter_updates:
         raise ParallelizeError("combine_spatial_bn should only be used for train model.")
-    for flag in ("optimize_gradient_memory", "dynamic_memory_management"):
-        if getattr(config, flag):
-            _require_memory_pass(flag)
-    if config.rendezvous is not None and config.rendezvous.is_multi_host:
-        from dpgraph.parallel.distributed import get_distributed_hooks
-
-        get_distributed_hooks(config)
-
-
-def _require_memory_pass(flag: str) -> None:
-    from dpgraph.parallel.memory import get_memory_hooks
-
-    if get_memory_hooks() is None:
-        try:
-            from dpgraph.memory.dpm import install_memory_hooks
-        except ImportError:
-            install_memory_hooks = None  # type: ignore[assignment]
-        if install_memory_hooks is not None:
-            install_memory_hooks()
-    if get_memory_hooks() is None:
-        raise NotSupportedError(
-            f"Parallelize({flag}=True) needs dpgraph's memory passes (dpgraph.memory), "
-            f"which are not available in this build; call Parallelize without {flag}."
-        )

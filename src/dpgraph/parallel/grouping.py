@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from dpgraph.errors import ParallelizeError
+from dpgraph.ir.analysis import may_name_other_devices
 from dpgraph.ir.blob import BlobReference, GradientSlice
 from dpgraph.ir.device import IsGPUDeviceType, device_name
 from dpgraph.parallel.state import ParallelState
@@ -113,19 +114,12 @@ def infer_blob_device(state: ParallelState) -> None:
     state.blob_to_device = mapping
 
 
-def _crosses_devices_ok(op: caffe2_pb2.OperatorDef) -> bool:
-    if "NCCL" in op.type or "Copy" in op.type or "Concat" in op.type:
-        return True
-    if op.type == "Sum" and op.name == "dpm":
-        return True
-    return "Allreduce" in op.type and "GLOO" in op.engine
-
-
 def analyze_operators(state: ParallelState) -> None:
-    """No GPU op may touch another device's blobs, except copies and collectives."""
+    """No GPU op may touch another device's blobs, except the ops whose schema says they may
+    (copies, collectives, peer readers such as Concat, and Parallelize's ``dpm`` Sum)."""
     prefix = state.config.device_prefix + "_"
     for index, op in enumerate(state.model.net.Proto().op):
-        if _crosses_devices_ok(op) or not IsGPUDeviceType(op.device_option.device_type):
+        if not IsGPUDeviceType(op.device_option.device_type) or may_name_other_devices(op):
             continue
         namescope = f"{prefix}{op.device_option.device_id}/"
         for blob in list(op.input) + list(op.output):

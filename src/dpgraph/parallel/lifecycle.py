@@ -12,19 +12,15 @@ from dpgraph.errors import NotParallelizedError, ParallelizeError
 from dpgraph.ir.blob import BlobReference
 from dpgraph.ir.device import IsGPUDeviceType
 from dpgraph.ir.net import Net
-from dpgraph.parallel.config import ParallelConfig
-from dpgraph.parallel.distributed import get_distributed_hooks, is_distributed
+from dpgraph.parallel import multihost
+from dpgraph.parallel.config import DEFAULT_BARRIER_NET_TIMEOUT_SEC, ParallelConfig
 from dpgraph.parallel.grouping import compute_blobs_to_sync, stripBlobName
+from dpgraph.parallel.multihost import is_distributed
 from dpgraph.parallel.state import ParallelState
 from dpgraph.parallel.sync import sync_params
+from dpgraph.runtime import api as runtime
 
 log = logging.getLogger("dpgraph.parallel")
-
-
-def _workspace() -> Any:
-    from dpgraph import workspace
-
-    return workspace
 
 
 def _require_parallelized(model: Any, what: str, attribute: str = "_device_grouped_blobs"
@@ -51,44 +47,50 @@ def state_of(model: Any, what: str = "This helper") -> ParallelState:
     state = ParallelState(model=model, config=config, grouped=model._device_grouped_blobs)
     state.param_names = list(getattr(model, "_param_names", []))
     state.blob_to_device = getattr(model, "_blob_to_device", {})
+    state.broadcast_context = getattr(model, "_broadcast_context", None)
     return state
+
+
+def _sync(state: ParallelState, init_net: Any, net: Any, names: Iterable[str],
+          max_concurrent_distributed_ops: int = 4) -> None:
+    """``sync_params`` on an already parallelized model; a broadcast context made on the way
+    is kept on the model for later syncs (as Caffe2's ``model._broadcast_context``)."""
+    sync_params(state, init_net, net, names, max_concurrent_distributed_ops)
+    if state.broadcast_context is not None:
+        state.model._broadcast_context = state.broadcast_context
 
 
 def RunInitNet(model: Any) -> None:
     """Run every init net once, then create the nets."""
     _require_parallelized(model, "RunInitNet", "_data_parallel_model_nets")
-    workspace = _workspace()
     for init_net in model._data_parallel_model_init_nets:
-        workspace.RunNetOnce(init_net)
+        runtime.RunNetOnce(init_net)
     CreateNet(model)
 
 
 def RunWarmup(model: Any) -> None:
     """Run the main net ``_warmup_iterations`` times, then the warmup broadcast net."""
     _require_parallelized(model, "RunWarmup", "_data_parallel_model_nets")
-    workspace = _workspace()
-    workspace.RunNet(model.net, model._warmup_iterations)
-    workspace.RunNetOnce(model._warmup_broadcast)
+    runtime.RunNet(model.net, model._warmup_iterations)
+    runtime.RunNetOnce(model._warmup_broadcast)
 
 
 def RunNet(model: Any, num_iterations: int) -> None:
     """Run each net: a plain net ``num_iterations`` times, a ``(net, k)`` pair k times."""
     _require_parallelized(model, "RunNet", "_data_parallel_model_nets")
-    workspace = _workspace()
     for entry in model._data_parallel_model_nets:
         if isinstance(entry, tuple):
-            workspace.RunNet(entry[0].Proto().name, entry[1])
+            runtime.RunNet(entry[0].Proto().name, entry[1])
         else:
-            workspace.RunNet(entry, num_iterations)
+            runtime.RunNet(entry, num_iterations)
 
 
 def CreateNet(model: Any, overwrite: bool = False) -> None:
     """Create every net of the model in the current workspace."""
     _require_parallelized(model, "CreateNet", "_data_parallel_model_nets")
-    workspace = _workspace()
     for entry in model._data_parallel_model_nets:
         net = entry[0] if isinstance(entry, tuple) else entry
-        workspace.CreateNet(net, overwrite=overwrite)
+        runtime.CreateNet(net, overwrite=overwrite)
 
 
 def GetCheckpointParams(model: Any) -> set[Any]:
@@ -115,7 +117,6 @@ def _ensure_grouped(model: Any, names: Iterable[str]) -> None:
 def FinalizeAfterCheckpoint(model: Any, blobs: Sequence[Any] | None = None,
                             cpu_mode: bool = False) -> None:
     """Broadcast the master device's (checkpoint-loaded) blobs to every device."""
-    workspace = _workspace()
     if not hasattr(model, "_checkpoint_net"):
         state = state_of(model)
         if blobs is None:
@@ -129,13 +130,12 @@ def FinalizeAfterCheckpoint(model: Any, blobs: Sequence[Any] | None = None,
         init_net = None
         if is_distributed(model._rendezvous):
             init_net = Net("checkpoint_init_net")
-        sync_params(state, init_net, model._checkpoint_net, names,
-                    max_concurrent_distributed_ops=1)
+        _sync(state, init_net, model._checkpoint_net, names, max_concurrent_distributed_ops=1)
         if init_net is not None:
-            workspace.RunNetOnce(init_net)
-        workspace.CreateNet(model._checkpoint_net)
+            runtime.RunNetOnce(init_net)
+        runtime.CreateNet(model._checkpoint_net)
     log.info("Run checkpoint net")
-    workspace.RunNet(model._checkpoint_net.Proto().name)
+    runtime.RunNet(model._checkpoint_net.Proto().name)
 
 
 def AddBlobSync(model: Any, blobs: Sequence[Any], net: Any = None) -> None:
@@ -151,25 +151,21 @@ def AddBlobSync(model: Any, blobs: Sequence[Any], net: Any = None) -> None:
         str(b): {d: BlobReference(f"{model._device_prefix}_{d}/{b}") for d in model._devices}
         for b in blobs
     })
-    sync_params(state_of(model), model.param_init_net, net, {str(b) for b in blobs})
+    _sync(state_of(model), model.param_init_net, net, {str(b) for b in blobs})
 
 
 def AddDistributedBlobSync(model: Any, blobs: Sequence[Any]) -> None:
     """All-reduce blobs across hosts (not devices); nothing to do on one host."""
     if not is_distributed(getattr(model, "_rendezvous", None)):
         return
-    get_distributed_hooks().add_blob_sync(model, blobs)
+    multihost.add_blob_sync(model, blobs)
 
 
-def Synchronize(model: Any, timeout_sec: float | None = None) -> None:
+def Synchronize(model: Any, timeout_sec: float = DEFAULT_BARRIER_NET_TIMEOUT_SEC) -> None:
     """Deprecated explicit barrier across hosts; a no-op on one host."""
     warnings.warn("The Synchronize API has been deprecated. We now have a barrier net "
                   "which runs before training to ensure all hosts wait before training.",
                   category=DeprecationWarning, stacklevel=3)
     if not is_distributed(getattr(model, "_rendezvous", None)):
         return
-    if timeout_sec is None:
-        from dpgraph import data_parallel_model
-
-        timeout_sec = data_parallel_model._DEFAULT_BARRIER_NET_TIMEOUT_SEC
-    get_distributed_hooks().synchronize(model, timeout_sec)
+    multihost.synchronize(model, timeout_sec)

@@ -1,45 +1,50 @@
-"""Seam for the memory passes (``optimize_gradient_memory``, ``dynamic_memory_management``).
+"""The memory passes of Parallelize (``optimize_gradient_memory``,
+``dynamic_memory_management``), on :mod:`dpgraph.memory`'s blob sharing and release.
 
-The memory-optimisation passes live with :mod:`dpgraph.memonger`; they plug in here by
-calling :func:`register_memory_hooks`.  Until then ``Parallelize`` refuses the flags with a
-:class:`~dpgraph.errors.NotSupportedError` before touching the model.
+``optimize_gradient_memory`` shares gradient buffers per device (activations are left
+alone); ``dynamic_memory_management`` frees every blob after its last use except
+``blobs_to_keep`` (unprefixed, kept on every device) and, multi-host, the parameter
+gradients the cross-host collectives expect to persist.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Iterable
 
-if TYPE_CHECKING:
-    from dpgraph.parallel.state import ParallelState
-
-
-class MemoryHooks(Protocol):
-    """What the memory helper provides to the Parallelize pipeline."""
-
-    def optimize_gradient_memory(self, state: ParallelState) -> None: ...
-
-    def dynamic_memory_management(self, state: ParallelState, blobs_to_keep: Any) -> None: ...
+from dpgraph.memory.sharing import release_blobs_when_used, share_grad_blobs
+from dpgraph.parallel.state import ParallelState
+from dpgraph.proto import caffe2_pb2
 
 
-_HOOKS: list[MemoryHooks] = []
+def _replace_net(state: ParallelState, proto: caffe2_pb2.NetDef) -> None:
+    """Swap the main net's ops for ``proto``'s, keeping the live NetDef object (callers
+    hold ``model.net.Proto()``)."""
+    state.model.net.Proto().CopyFrom(proto)
 
 
-def register_memory_hooks(hooks: MemoryHooks) -> None:
-    """Install the memory passes (the last registration wins)."""
-    _HOOKS.append(hooks)
+def _param_grads(state: ParallelState) -> set[object]:
+    return set(state.model.param_to_grad.values())
 
 
-def get_memory_hooks() -> MemoryHooks | None:
-    return _HOOKS[-1] if _HOOKS else None
+def optimize_gradient_memory(state: ParallelState) -> None:
+    """Share gradient buffers per device, device by device."""
+    model = state.model
+    for device in state.devices:
+        proto = share_grad_blobs(model.net, state.losses_by_device[device],
+                                 _param_grads(state), f"{state.namescope(device)}/",
+                                 share_activations=False)
+        _replace_net(state, proto)
 
 
-def add_memory_passes(state: ParallelState) -> None:
-    """Run the requested memory passes (the flags were validated up front)."""
-    config = state.config
-    hooks = get_memory_hooks()
-    if hooks is None:
-        return
-    if config.optimize_gradient_memory:
-        hooks.optimize_gradient_memory(state)
-    if config.dynamic_memory_management:
-        hooks.dynamic_memory_management(state, config.blobs_to_keep)
+def _blobs_to_keep(state: ParallelState, blobs_to_keep: Iterable[str] | None) -> set[str]:
+    keep = {f"{state.namescope(d)}/{b}" for d in state.devices for b in blobs_to_keep or ()}
+    if state.config.rendezvous_legacy is not None:
+        # cross-host collectives expect the gradient buffers to persist across iterations
+        keep.update(str(g) for g in _param_grads(state))
+    return keep
+
+
+def dynamic_memory_management(state: ParallelState) -> None:
+    """Free every blob after its last use, except the blobs to keep."""
+    keep = _blobs_to_keep(state, state.config.blobs_to_keep)
+    _replace_net(state, release_blobs_when_used(state.model.net.Proto(), keep))

@@ -1,5 +1,5 @@
-"""Multi-host Parallelize: the :class:`~dpgraph.parallel.distributed.DistributedHooks` that
-emit Caffe2's cross-host collectives (registered on import).
+"""Multi-host Parallelize (a rendezvous with ``num_shards > 1``): the passes that emit
+Caffe2's cross-host collectives, called by the pipeline, BMUF and the lifecycle helpers.
 
 With a rendezvous of ``num_shards > 1`` and the GLOO engine, one op per blob spans the local
 devices and the hosts::
@@ -33,21 +33,35 @@ from dpgraph.parallel._emit import device_option, emit, make_op
 from dpgraph.parallel.allreduce import broadcast as local_broadcast
 from dpgraph.parallel.collectives_control import (
     CollectivesConcurrencyControl,
+    concurrency_control,
     create_or_clone_common_world,
 )
-from dpgraph.parallel.distributed import is_distributed, register_distributed_hooks
 from dpgraph.parallel.state import ParallelState
 from dpgraph.proto import caffe2_pb2
+from dpgraph.runtime import api as runtime
 
 log = logging.getLogger("dpgraph.parallel")
 
 CPU = caffe2_pb2.PROTO_CPU
 
 
+def is_distributed(rendezvous: Any) -> bool:
+    """True for a rendezvous (dict or typed) with more than one shard."""
+    typed = as_rendezvous(rendezvous)
+    return typed is not None and typed.is_multi_host
+
+
 def _rendezvous(state: ParallelState) -> Rendezvous:
     rendezvous = state.config.rendezvous
-    assert rendezvous is not None and rendezvous.is_multi_host  # the pipeline's seam checks
+    assert rendezvous is not None and rendezvous.is_multi_host  # callers check is_multi_host
     return rendezvous
+
+
+def _context(state: ParallelState, name: str, max_ops: int,
+             init_net: Net | None = None) -> CollectivesConcurrencyControl:
+    return concurrency_control(
+        name, max_ops, state.model.param_init_net if init_net is None else init_net,
+        _rendezvous(state), state.config.timeout_sec)
 
 
 def is_gloo(rendezvous: Rendezvous) -> bool:
@@ -124,9 +138,7 @@ def _staged_allreduce(state: ParallelState, net: Net, context: CollectivesConcur
 def allreduce(state: ParallelState, names: Sequence[str], net: Net) -> None:
     """Caffe2's ``_AllReduceBlobsDistributed``: sum ``names`` over devices and hosts."""
     rendezvous = _rendezvous(state)
-    context = CollectivesConcurrencyControl(
-        "allreduce", state.config.effective_max_concurrent_ops, state.model.param_init_net,
-        rendezvous)
+    context = _context(state, "allreduce", state.config.effective_max_concurrent_ops)
     control: str | None = None
     for name in names:
         _check_dense(state, name)
@@ -171,13 +183,11 @@ def _broadcast_all(state: ParallelState, net: Net, context: CollectivesConcurren
 def _broadcast_context(state: ParallelState, init_net: Net | None,
                        max_ops: int) -> CollectivesConcurrencyControl:
     """The model's broadcast context, made on first use (Caffe2's
-    ``model._broadcast_context``): later syncs reuse its common worlds and chains."""
-    model = state.model
-    if getattr(model, "_broadcast_context", None) is None:
-        model._broadcast_context = CollectivesConcurrencyControl(
-            "broadcast", max_ops, init_net if init_net is not None else model.param_init_net,
-            _rendezvous(state))
-    return model._broadcast_context
+    ``model._broadcast_context``, published from the state): later syncs reuse its common
+    worlds and chains."""
+    if state.broadcast_context is None:
+        state.broadcast_context = _context(state, "broadcast", max_ops, init_net)
+    return state.broadcast_context
 
 
 def sync_params(state: ParallelState, init_net: Net | None, net: Net, names: Sequence[str],
@@ -194,9 +204,7 @@ def broadcast_computed_params(state: ParallelState) -> None:
     names = state.computed_param_names
     if not names:
         return
-    context = CollectivesConcurrencyControl(
-        "broadcast_computed", state.config.effective_max_concurrent_ops,
-        state.model.param_init_net, _rendezvous(state))
+    context = _context(state, "broadcast_computed", state.config.effective_max_concurrent_ops)
     _broadcast_all(state, state.model.net, context, names)
 
 
@@ -228,12 +236,11 @@ def add_barrier(state: ParallelState, timeout_sec: float) -> None:
     rendezvous = _rendezvous(state)
     if not is_gloo(rendezvous):
         return
-    model = state.model
-    model._barrier_init_net = Net("barrier_init_net")
-    model._barrier_net = barrier_net(rendezvous, model._barrier_init_net, "pre_training",
-                                     timeout_sec)
-    state.init_nets.insert(0, model._barrier_init_net)
-    state.nets.insert(0, model._barrier_net)
+    init_net = Net("barrier_init_net")
+    net = barrier_net(rendezvous, init_net, "pre_training", timeout_sec)
+    state.model_attrs.update(_barrier_init_net=init_net, _barrier_net=net)
+    state.init_nets.insert(0, init_net)
+    state.nets.insert(0, net)
 
 
 def add_blob_sync(model: Any, blobs: Sequence[Any]) -> None:
@@ -245,27 +252,20 @@ def add_blob_sync(model: Any, blobs: Sequence[Any]) -> None:
     emit(model.net, make_op("Allreduce", [world, *names], names, engine=rendezvous.engine))
 
 
-def _workspace() -> Any:
-    from dpgraph import workspace
-
-    return workspace
-
-
 def synchronize(model: Any, timeout_sec: float) -> None:
     """The deprecated explicit barrier: build it once (fixed timeout), then run it."""
-    workspace = _workspace()
     if getattr(model, "_sync_barrier_net", None) is None:
         init_net = Net("sync_barrier_init_net")
         model._sync_barrier_net = barrier_net(_model_rendezvous(model), init_net, "sync",
                                               timeout_sec)
-        workspace.RunNetOnce(init_net)
-        workspace.CreateNet(model._sync_barrier_net)
+        runtime.RunNetOnce(init_net)
+        runtime.CreateNet(model._sync_barrier_net)
         model._sync_barrier_net_timeout = timeout_sec
     if model._sync_barrier_net_timeout != timeout_sec:
         raise ParallelizeError(
             f"Synchronize: the barrier was built with timeout_sec="
             f"{model._sync_barrier_net_timeout}; it cannot change to {timeout_sec}.")
-    workspace.RunNet(model._sync_barrier_net.Proto().name)
+    runtime.RunNet(model._sync_barrier_net.Proto().name)
 
 
 def _allcompare_net(model: Any, names: tuple[str, ...]) -> Net:
@@ -282,8 +282,8 @@ def _allcompare_net(model: Any, names: tuple[str, ...]) -> Net:
             emit(net, make_op("SumSqrElements", [name], [f"{name}_allcompare_sumsq"], option),
                  make_op("Allgather", [world, f"{name}_allcompare_sumsq"],
                          [f"{name}_allcompare"], engine=rendezvous.engine))
-        _workspace().RunNetOnce(init_net)
-        _workspace().CreateNet(net)
+        runtime.RunNetOnce(init_net)
+        runtime.CreateNet(net)
         cache[names] = net
     return cache[names]
 
@@ -298,38 +298,11 @@ def AllCompareBlobs(model: Any, blobs: Sequence[Any]) -> None:
     if not is_distributed(getattr(model, "_rendezvous", None)):
         return
     names = tuple(str(b) for b in blobs)
-    workspace = _workspace()
-    workspace.RunNet(_allcompare_net(model, names).Proto().name)
+    runtime.RunNet(_allcompare_net(model, names).Proto().name)
     for name in names:
-        sums = [float(s) for s in workspace.FetchBlob(f"{name}_allcompare").reshape(-1)]
+        sums = [float(s) for s in runtime.FetchBlob(f"{name}_allcompare").reshape(-1)]
         if any(s != sums[0] for s in sums):
             raise CollectiveError(
                 f"AllCompareBlobs: blob {name!r} differs across hosts (sum of squares by "
                 f"rank: {sums}); the hosts' models diverged. Check that every host ran the "
                 "same init nets (parameter sync) and the same number of iterations.")
-
-
-class MultiHostHooks:
-    """The passes of :mod:`dpgraph.parallel.distributed`, on Caffe2's collective ops."""
-
-    def allreduce(self, state: ParallelState, blob_names: Sequence[str], net: Net) -> None:
-        allreduce(state, blob_names, net)
-
-    def broadcast_computed_params(self, state: ParallelState) -> None:
-        broadcast_computed_params(state)
-
-    def sync_params(self, state: ParallelState, init_net: Net | None, net: Net,
-                    names: Sequence[str], max_concurrent_distributed_ops: int) -> None:
-        sync_params(state, init_net, net, names, max_concurrent_distributed_ops)
-
-    def add_barrier(self, state: ParallelState, timeout_sec: float) -> None:
-        add_barrier(state, timeout_sec)
-
-    def add_blob_sync(self, model: Any, blobs: Sequence[Any]) -> None:
-        add_blob_sync(model, blobs)
-
-    def synchronize(self, model: Any, timeout_sec: float) -> None:
-        synchronize(model, timeout_sec)
-
-
-register_distributed_hooks(MultiHostHooks())

@@ -1,44 +1,45 @@
-"""``Parallelize`` as a pipeline of small passes over one :class:`ParallelState`.
+"""``Parallelize`` as a list of declared passes over one :class:`ParallelState`, run by
+:func:`~dpgraph.parallel.passes.run_passes`.
 
 Order (Caffe2's): validate; replicate input+forward per device; group params; the
 pre-gradient transformer; loss gradients and backward pass; the net transformer;
 (forward-only models stop here); combine SpatialBN; group gradients; broadcast computed
 params; all-reduce gradients (reverse param order); shared-model pruning; updates; blobs to
-sync; device checks; initial sync; post-sync builder; memory passes; lifecycle nets;
+sync; device checks; initial sync; post-sync builder; memory passes; lifecycle nets; barrier;
 shared-model remapping.  On any error the model is restored exactly as it was.
+
+To add a pass, define it with :func:`~dpgraph.parallel.passes.parallel_pass` (its contract)
+and insert it into :data:`TRAINING_PASSES` (or :data:`BUILD_PASSES`) where it belongs.
 """
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import logging
-from collections.abc import Callable, Iterator
 from typing import Any
 
-from dpgraph.parallel import distributed, grouping, memory, replicate, shared_model, sync
+from dpgraph.parallel import grouping, memory, multihost, replicate, shared_model, sync
 from dpgraph.parallel.allreduce import allreduce_single_host, broadcast_computed_params
 from dpgraph.parallel.config import ParallelConfig
+from dpgraph.parallel.passes import Pass, parallel_pass, run_passes
 from dpgraph.parallel.spatial_bn import combine_spatial_bn
-from dpgraph.parallel.state import ParallelState, publish, publish_start
-from dpgraph.parallel.transaction import take_snapshot
-from dpgraph.parallel.validate import validate_call
+from dpgraph.parallel.state import ParallelState, start_attributes
 
 log = logging.getLogger("dpgraph.parallel")
 
 
-Pass = Callable[[ParallelState], None]
-
-
+@parallel_pass(reads=("config.devices", "config.num_workers", "config.net_type"),
+               writes=("model_attrs", "net"))
 def _start(state: ParallelState) -> None:
     """Model attributes Caffe2 sets first, and the main net's type and worker count."""
-    publish_start(state)
+    state.model_attrs.update(start_attributes(state))
     proto = state.model.net.Proto()
     proto.num_workers = state.config.num_workers
     proto.type = state.config.net_type
     log.info("Parallelizing model for devices: %s", list(state.config.devices))
 
 
+@parallel_pass(reads=("model", "non_datapar_params", "config.device_prefix"),
+               writes=("grouped", "param_names", "computed_param_names"))
 def _group_params(state: ParallelState) -> None:
     model = state.model
     grouping.validate_params(model.params)
@@ -47,33 +48,39 @@ def _group_params(state: ParallelState) -> None:
     state.grouped.update(computed)
     state.param_names = list(state.grouped)
     state.computed_param_names = list(computed)
-    publish(state)
 
 
+@parallel_pass(reads=("config.pre_grad_net_transformer_fun",), writes=("model",),
+               user_code=True,
+               enabled=lambda config: config.pre_grad_net_transformer_fun is not None)
 def _pre_grad_transform(state: ParallelState) -> None:
-    if state.config.pre_grad_net_transformer_fun is not None:
-        state.config.pre_grad_net_transformer_fun(state.model)
+    assert state.config.pre_grad_net_transformer_fun is not None
+    state.config.pre_grad_net_transformer_fun(state.model)
 
 
+@parallel_pass(reads=("losses_by_device", "config.device_type"), writes=("net", "model"),
+               enabled=lambda config: config.has_parameter_updates)
 def _add_gradients(state: ParallelState) -> None:
-    if state.config.has_parameter_updates:
-        replicate.add_gradients(state)
+    replicate.add_gradients(state)
 
 
+@parallel_pass(reads=("config.net_transformer_fun",), writes=("model",), user_code=True,
+               enabled=lambda config: config.net_transformer_fun is not None)
 def _net_transform(state: ParallelState) -> None:
     """``net_transformer_fun(model, ndev, prefix, device_type)``, exactly once."""
     config = state.config
-    if config.net_transformer_fun is not None:
-        publish(state)
-        config.net_transformer_fun(state.model, len(config.devices), config.device_prefix,
-                                   config.device_type)
+    assert config.net_transformer_fun is not None
+    config.net_transformer_fun(state.model, len(config.devices), config.device_prefix,
+                               config.device_type)
 
 
+@parallel_pass(reads=("config.devices",), writes=("net",),
+               enabled=lambda config: config.combine_spatial_bn)
 def _combine_spatial_bn(state: ParallelState) -> None:
-    if state.config.combine_spatial_bn:
-        combine_spatial_bn(state)
+    combine_spatial_bn(state)
 
 
+@parallel_pass(reads=("model", "non_datapar_params"), writes=("grouped", "grad_names"))
 def _group_gradients(state: ParallelState) -> None:
     model = state.model
     grouping.validate_params(model.params)
@@ -85,78 +92,95 @@ def _group_gradients(state: ParallelState) -> None:
     state.grad_names = list(grouped)
 
 
+@parallel_pass(reads=("net", "param_init_net"), writes=("blob_to_device",))
 def _infer_devices(state: ParallelState) -> None:
     grouping.infer_blob_device(state)
-    publish(state)
 
 
-def _multi_host(state: ParallelState) -> distributed.DistributedHooks | None:
-    """The distributed hooks when the rendezvous spans several hosts (the one seam)."""
-    rendezvous = state.config.rendezvous
-    if rendezvous is not None and rendezvous.is_multi_host:
-        return distributed.get_distributed_hooks(state.config)
-    return None
-
-
+@parallel_pass(reads=("grouped", "grad_names", "computed_param_names", "blob_to_device",
+                      "config"),
+               writes=("net", "param_init_net"))
 def _reduce_gradients(state: ParallelState) -> None:
-    """Broadcast computed params, then all-reduce gradients in reverse param order."""
-    hooks = _multi_host(state)
+    """Broadcast computed params, then all-reduce gradients in reverse param order (across
+    hosts too when the rendezvous spans several)."""
+    multi_host = state.config.is_multi_host
     if state.config.broadcast_computed_params:
-        if hooks is not None:
-            hooks.broadcast_computed_params(state)
+        if multi_host:
+            multihost.broadcast_computed_params(state)
         else:
             broadcast_computed_params(state)
     if not state.grad_names:
         log.info("NOTE: Param builder function did not create any parameters.")
         return
     names = list(reversed(state.grad_names))
-    if hooks is not None:
-        hooks.allreduce(state, names, state.model.net)
+    if multi_host:
+        multihost.allreduce(state, names, state.model.net)
     else:
         allreduce_single_host(state, names, state.model.net)
 
 
+@parallel_pass(reads=("model",), writes=("model", "all_params_before_prune"),
+               enabled=lambda config: config.shared_model)
+def _prune_shared(state: ParallelState) -> None:
+    shared_model.prune_parameters(state)
+
+
+@parallel_pass(reads=("config.param_update_builder_fun", "config.optimizer_builder_fun"),
+               writes=("net", "param_init_net", "model", "optimizer"), user_code=True)
 def _add_updates(state: ParallelState) -> None:
-    config, model = state.config, state.model
-    if config.shared_model:
-        shared_model.prune_parameters(state)
-    publish(state)
+    config = state.config
     if config.param_update_builder_fun is not None:
         replicate.per_device(state, config.param_update_builder_fun)
     else:
         log.info("Calling optimizer builder function")
         assert config.optimizer_builder_fun is not None  # has_parameter_updates
-        state.optimizer = config.optimizer_builder_fun(model)
-        model._optimizer = state.optimizer
+        state.optimizer = config.optimizer_builder_fun(state.model)
 
 
+@parallel_pass(reads=("net", "config.device_prefix"), writes=("net",))
 def _check_operators(state: ParallelState) -> None:
     grouping.analyze_operators(state)
     # dag nets run the first iteration with one worker (allocation and NCCL safety)
     state.model.net.Proto().arg.add(name="first_iter_only_one_worker", i=1)
 
 
+@parallel_pass(reads=("config.post_sync_builder_fun",), writes=("model",), user_code=True,
+               enabled=lambda config: config.post_sync_builder_fun is not None)
 def _post_sync(state: ParallelState) -> None:
-    if state.config.post_sync_builder_fun is not None:
-        publish(state)
-        replicate.per_device(state, state.config.post_sync_builder_fun)
+    assert state.config.post_sync_builder_fun is not None
+    replicate.per_device(state, state.config.post_sync_builder_fun)
 
 
+@parallel_pass(reads=("net", "losses_by_device", "model"), writes=("net",),
+               enabled=lambda config: config.optimize_gradient_memory)
+def _optimize_gradient_memory(state: ParallelState) -> None:
+    memory.optimize_gradient_memory(state)
+
+
+@parallel_pass(reads=("net", "config.blobs_to_keep", "model"), writes=("net",),
+               enabled=lambda config: config.dynamic_memory_management)
+def _dynamic_memory_management(state: ParallelState) -> None:
+    memory.dynamic_memory_management(state)
+
+
+@parallel_pass(writes=("init_nets", "nets", "finished"))
 def _lifecycle_nets(state: ParallelState) -> None:
     state.init_nets = [state.model.param_init_net]
     state.nets = [state.model.net]
     state.finished = True
 
 
+@parallel_pass(reads=("config.rendezvous", "config.barrier_net_timeout_sec"),
+               writes=("init_nets", "nets", "model_attrs"),
+               enabled=lambda config: config.is_multi_host)
 def _barrier(state: ParallelState) -> None:
-    hooks = _multi_host(state)
-    if hooks is not None:
-        hooks.add_barrier(state, state.config.barrier_net_timeout_sec)
+    multihost.add_barrier(state, state.config.barrier_net_timeout_sec)
 
 
+@parallel_pass(reads=("all_params_before_prune", "model"), writes=("net", "param_init_net"),
+               enabled=lambda config: config.shared_model)
 def _remap_shared(state: ParallelState) -> None:
-    if state.config.shared_model:
-        shared_model.remap_parameter_blobs(state)
+    shared_model.remap_parameter_blobs(state)
 
 
 #: Passes every Parallelize call runs, in order.
@@ -168,46 +192,19 @@ BUILD_PASSES: tuple[Pass, ...] = (
 FORWARD_ONLY_PASSES: tuple[Pass, ...] = (_infer_devices, _lifecycle_nets)
 #: Then, for a training model.
 TRAINING_PASSES: tuple[Pass, ...] = (
-    _combine_spatial_bn, _group_gradients, _infer_devices, _reduce_gradients, _add_updates,
-    sync.register_blobs_to_sync, _infer_devices, _check_operators, sync.add_initial_sync,
-    _post_sync, memory.add_memory_passes, _lifecycle_nets, _barrier, _remap_shared,
+    _combine_spatial_bn, _group_gradients, _infer_devices, _reduce_gradients, _prune_shared,
+    _add_updates, sync.register_blobs_to_sync, _infer_devices, _check_operators,
+    sync.add_initial_sync, _post_sync, _optimize_gradient_memory, _dynamic_memory_management,
+    _lifecycle_nets, _barrier, _remap_shared,
 )
 
 
-def _run(state: ParallelState) -> None:
-    tail = TRAINING_PASSES if state.config.has_parameter_updates else FORWARD_ONLY_PASSES
-    for pass_ in BUILD_PASSES + tail:
-        pass_(state)
-        log.debug("Parallelize pass %s done", pass_.__name__)
-
-
-@contextlib.contextmanager
-def _gc_paused() -> Iterator[None]:
-    """Pause the cyclic garbage collector while the graph is built.
-
-    Building a large graph allocates hundreds of thousands of small objects and no
-    garbage cycles; full collections would rescan the growing heap again and again and
-    make the pass superlinear in the number of devices.
-    """
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
+def passes_for(config: ParallelConfig) -> tuple[Pass, ...]:
+    """The Parallelize pipeline for ``config``."""
+    tail = TRAINING_PASSES if config.has_parameter_updates else FORWARD_ONLY_PASSES
+    return BUILD_PASSES + tail
 
 
 def parallelize(model: Any, config: ParallelConfig) -> ParallelState:
-    """Run the pipeline; on any exception restore ``model`` and re-raise."""
-    validate_call(model, config)
-    snapshot = take_snapshot(model)
-    state = ParallelState(model=model, config=config)
-    with _gc_paused():
-        try:
-            _run(state)
-            publish(state)
-        except BaseException:
-            snapshot.restore()
-            raise
-    return state
+    """Run the Parallelize pipeline; on any exception restore ``model`` and re-raise."""
+    return run_passes(model, config, passes_for(config))

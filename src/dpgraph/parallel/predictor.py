@@ -11,6 +11,7 @@ from dpgraph.errors import NotSupportedError, ParallelizeError
 from dpgraph.ir import scope
 from dpgraph.ir.device import IsGPUDeviceType
 from dpgraph.ir.net import Net
+from dpgraph.modeling.model_helper import ExtractPredictorNet as extract_predictor_net
 from dpgraph.proto import caffe2_pb2
 
 
@@ -18,14 +19,12 @@ def ExtractPredictorNet(model: Any, inputs: Sequence[Any], outputs: Sequence[Any
                         device: caffe2_pb2.DeviceOption | None) -> tuple[Any, list[Any]]:
     """``(predict net, parameter blobs)`` of the first device, with the device prefix
     stripped from the inputs and outputs."""
-    from dpgraph import model_helper
-
     prefix = f"{model._device_prefix}_{model._devices[0]}/"
     prefix_inputs = [prefix + str(b) for b in inputs]
     prefix_outputs = [prefix + str(b) for b in outputs]
     renames = dict(zip(prefix_inputs + prefix_outputs,
                        [str(b) for b in list(inputs) + list(outputs)]))
-    return model_helper.ExtractPredictorNet(
+    return extract_predictor_net(
         net_proto=model.net.Proto(), input_blobs=prefix_inputs, output_blobs=prefix_outputs,
         device=device, renames=renames,
     )

@@ -11,6 +11,7 @@ from dpgraph.errors import ParallelizeError
 from dpgraph.ir import scope
 from dpgraph.ir.blob import BlobReference
 from dpgraph.parallel._emit import device_option
+from dpgraph.parallel.passes import parallel_pass
 from dpgraph.parallel.state import ParallelState
 
 log = logging.getLogger("dpgraph.parallel")
@@ -45,6 +46,10 @@ def _check_losses(losses: Any, device: int) -> None:
             )
 
 
+@parallel_pass(reads=("config.input_builder_fun", "config.forward_pass_builder_fun"),
+               writes=("losses_by_device", "non_datapar_params", "net", "param_init_net",
+                       "model"),
+               user_code=True)
 def replicate(state: ParallelState) -> None:
     """Input and forward builders per device; losses collected by device."""
     config, model = state.config, state.model

@@ -1,9 +1,11 @@
 """The one mutable result object the Parallelize passes fill in.
 
 Passes read the frozen :class:`~dpgraph.parallel.config.ParallelConfig` and write only to
-a :class:`ParallelState`; :func:`publish` copies the results onto the model under the
-attribute names Caffe2 uses (``model._device_grouped_blobs``, ``model._devices``, ...),
-before each user callback (builders may read them) and once at the end.
+a :class:`ParallelState` (and to the nets they rewrite); :func:`publish` copies the results
+onto the model under the attribute names Caffe2 uses (``model._device_grouped_blobs``,
+``model._devices``, ...).  The pass driver (:func:`~dpgraph.parallel.passes.run_passes`)
+publishes before each pass that calls user code (builders may read them) and once at the
+end.
 """
 
 from __future__ import annotations
@@ -36,6 +38,10 @@ class ParallelState:
     init_nets: list[Any] = field(default_factory=list)
     nets: list[Any] = field(default_factory=list)
     finished: bool = False
+    #: the multi-host broadcast context, reused by later syncs (``model._broadcast_context``)
+    broadcast_context: Any = None
+    #: further model attributes to publish (``model.<name> = value``), in order
+    model_attrs: dict[str, Any] = field(default_factory=dict)
 
     @property
     def devices(self) -> tuple[int, ...]:
@@ -66,31 +72,36 @@ class ParallelState:
         return option.device_type == caffe2_pb2.PROTO_IDEEP
 
 
-def publish_start(state: ParallelState) -> None:
-    """The attributes Caffe2 sets before any builder runs."""
+def start_attributes(state: ParallelState) -> dict[str, Any]:
+    """The attributes Caffe2 sets on the model before any builder runs."""
     model, config = state.model, state.config
-    model._device_type = config.device_type
-    model._device_prefix = config.device_prefix
-    model._shared_model = config.shared_model
-    model._devices = list(config.devices)
-    model._rendezvous = config.rendezvous_legacy
-    model._sync_barrier_net = None
-    model._broadcast_context = None
-    model._grad_names = []
+    attrs: dict[str, Any] = {
+        "_device_type": config.device_type, "_device_prefix": config.device_prefix,
+        "_shared_model": config.shared_model, "_devices": list(config.devices),
+        "_rendezvous": config.rendezvous_legacy, "_sync_barrier_net": None,
+        "_broadcast_context": None, "_grad_names": [],
+    }
     if not hasattr(model, "_optimizer"):
-        model._optimizer = None
-    model._net_transformer_fun = config.net_transformer_fun
+        attrs["_optimizer"] = None
+    attrs["_net_transformer_fun"] = config.net_transformer_fun
+    return attrs
 
 
 def publish(state: ParallelState) -> None:
-    """Copy the current results onto the model (idempotent)."""
+    """Copy the current results onto the model (idempotent); the only place the Parallelize
+    passes set model attributes."""
     model = state.model
+    for name, value in state.model_attrs.items():
+        setattr(model, name, value)
+    state.model_attrs.clear()
     model._device_grouped_blobs = state.grouped
     model._param_names = list(state.param_names)
     model._computed_param_names = list(state.computed_param_names)
     model._grad_names = list(state.grad_names)
     model._losses_by_gpu = state.losses_by_device
     model._blob_to_device = state.blob_to_device
+    if state.broadcast_context is not None:
+        model._broadcast_context = state.broadcast_context
     if state.optimizer is not None:
         model._optimizer = state.optimizer
     if state.finished:

@@ -15,9 +15,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from dpgraph.parallel import multihost
 from dpgraph.parallel.allreduce import broadcast
-from dpgraph.parallel.distributed import get_distributed_hooks
 from dpgraph.parallel.grouping import compute_blobs_to_sync, group_by_device
+from dpgraph.parallel.passes import parallel_pass
 from dpgraph.parallel.state import ParallelState
 
 
@@ -28,15 +29,14 @@ def sync_params(state: ParallelState, init_net: Any, net: Any, names: Iterable[s
     Names are visited sorted, so every run (and every host) emits the same op order.
     """
     ordered = sorted(names)
-    config = state.config
-    if config.rendezvous is not None and config.rendezvous.is_multi_host:
-        get_distributed_hooks(config).sync_params(state, init_net, net, ordered,
-                                                  max_concurrent_distributed_ops)
+    if state.config.is_multi_host:
+        multihost.sync_params(state, init_net, net, ordered, max_concurrent_distributed_ops)
         return
     for name in ordered:
         broadcast(state, net, name)
 
 
+@parallel_pass(reads=("param_init_net", "param_names"), writes=("grouped", "sync_names"))
 def register_blobs_to_sync(state: ParallelState) -> None:
     """Group the blobs to sync by device and remember their names."""
     blobs, names = compute_blobs_to_sync(state)
@@ -44,6 +44,8 @@ def register_blobs_to_sync(state: ParallelState) -> None:
     state.sync_names = names
 
 
+@parallel_pass(reads=("grouped", "sync_names", "blob_to_device"),
+               writes=("param_init_net", "broadcast_context"))
 def add_initial_sync(state: ParallelState) -> None:
     """Copy ops from the first device, appended to the param init net."""
     init_net = state.model.param_init_net

@@ -47,13 +47,8 @@ def validate_call(model: Any, config: ParallelConfig) -> None:
 
 
 def _warn_gpus(config: ParallelConfig) -> None:
-    if not IsGPUDeviceType(config.device_type):
-        return
-    try:
-        from dpgraph import workspace
-
-        available = workspace.NumGpuDevices()
-    except (ImportError, AttributeError):
+    available = config.gpus_available
+    if not IsGPUDeviceType(config.device_type) or available is None:
         return
     missing = [d for d in config.devices if d >= available]
     if missing:

@@ -17,7 +17,7 @@ from typing import Any
 
 from google.protobuf.message import Message
 
-from dpgraph.errors import NotSupportedError, WorkspaceError, WorkspaceNameError
+from dpgraph.errors import NotSupportedError, ProtoError, WorkspaceError, WorkspaceNameError
 from dpgraph.ir.blob import BlobReference, blob_name
 from dpgraph.ir.registry import OPERATORS
 from dpgraph.proto import caffe2_pb2
@@ -184,7 +184,8 @@ def StringifyProto(obj: Any) -> Any:
         return obj.SerializeToString()
     if hasattr(obj, "Proto"):
         return obj.Proto().SerializeToString()
-    raise ValueError(f"Unexpected argument to StringifyProto of type {type(obj).__name__}")
+    raise ProtoError(f"Unexpected argument to StringifyProto of type {type(obj).__name__}; "
+                     "pass a str, bytes, a protobuf message or an object with Proto().")
 
 
 def StringifyNetName(name: Any) -> str:
