@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 
 from dpgraph.errors import GradientError
-from dpgraph.ir.registry import OPERATORS, register_gradient, register_op
-from dpgraph.ops._common import host
+from dpgraph.ir.registry import register_gradient, register_op
+from dpgraph.ops._common import host, same_as_input
 from dpgraph.ops.context import OpContext, Outputs
 from dpgraph.ops.gradient_builder import GradientBuilder
 
@@ -200,9 +200,6 @@ def _gru_unit_gradient_maker(g: GradientBuilder) -> None:
     g.add("GRUUnitGradient", inputs + [g.O(0), g.GO(0)], [g.GI(0), g.GI(1)])
 
 
-# ops/text.py registered an earlier GRUUnit before this family existed; until it is removed
-# there (requested), that registration stays in force and these kernels are not registered.
-if "GRUUnit" not in OPERATORS:
-    register_op("GRUUnit", inputs=(3, 4), outputs=1)(gru_unit)
-    register_op("GRUUnitGradient", inputs=(5, 6), outputs=2)(gru_unit_gradient)
-    register_gradient("GRUUnit")(_gru_unit_gradient_maker)
+register_op("GRUUnit", inputs=(3, 4), outputs=1, shape=same_as_input(0))(gru_unit)
+register_op("GRUUnitGradient", inputs=(5, 6), outputs=2)(gru_unit_gradient)
+register_gradient("GRUUnit")(_gru_unit_gradient_maker)
