@@ -10,7 +10,7 @@ op's ``step_workspaces`` output and persists across runs.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, MutableMapping
+from collections.abc import Callable, Container, Iterator, MutableMapping
 from typing import Any
 
 import numpy as np
@@ -141,9 +141,12 @@ def compile_net(ops: list[caffe2_pb2.OperatorDef], workspace: StepWorkspace, xp:
     return [StepOp(op, workspace, xp, device) for op in ops]
 
 
-def run_step_ops(step_ops: list[StepOp], blobs: BlobChain, where: str) -> None:
+def run_step_ops(step_ops: list[StepOp], blobs: BlobChain, where: str,
+                 watched: Container[str] = (), on_write: Callable[[str], None] | None = None
+                 ) -> None:
     """Run ``step_ops`` in order on ``blobs``; a failure names the step-net op and ``where``
-    (the RecurrentNetwork op and timestep)."""
+    (the RecurrentNetwork op and timestep).  ``on_write(name)`` runs right after an op wrote
+    a blob in ``watched`` (links write through before the next op reads)."""
     for index, step in enumerate(step_ops):
         try:
             values = [blobs[name] for name in step.inputs]
@@ -164,6 +167,8 @@ def run_step_ops(step_ops: list[StepOp], blobs: BlobChain, where: str) -> None:
             ctx.inputs = []
         for name, value in zip(step.outputs, outs):
             blobs[name] = np.asarray(value) if isinstance(value, np.generic) else value
+            if on_write is not None and name in watched:
+                on_write(name)
 
 
 def _step_failure(error: Exception, message: str) -> Exception:

@@ -233,8 +233,22 @@ def _apply_links(blobs: BlobChain, links: list[Link], t: int, where: str) -> Non
         blobs[link.internal] = external[start:start + link.window]
 
 
+def _run_linked(ws: StepWorkspace, plan: StepPlan, ctx: OpContext, t: int, where: str) -> None:
+    """Run the step ops; a linked blob an op writes is copied into its rows of the outer
+    tensor at once, so later ops reading another window of that tensor see it."""
+    blobs = ws._blobs
+    by_internal: dict[str, list[Link]] = {}
+    for link in plan.links:
+        by_internal.setdefault(link.internal, []).append(link)
+
+    def write_through(name: str) -> None:
+        _write_through(blobs, by_internal[name], t, where)
+
+    run_step_ops(_step_ops(ws, plan, ctx), blobs, where, by_internal, write_through)
+
+
 def _write_through(blobs: BlobChain, links: list[Link], t: int, where: str) -> None:
-    """Copy every linked step blob an op replaced back into its rows of the outer tensor."""
+    """Copy linked step blobs an op replaced back into their rows of the outer tensor."""
     for link in links:
         value = blobs.get(link.internal)
         if value is None or not hasattr(value, "shape"):
@@ -283,8 +297,7 @@ def recurrent_network(ctx: OpContext) -> Outputs:
         where = _where(ctx, t)
         ws.local[plan.timestep] = np.array([t], dtype=np.int32)
         _apply_links(ws._blobs, plan.links, t, where)
-        run_step_ops(_step_ops(ws, plan, ctx), ws._blobs, where)
-        _write_through(ws._blobs, plan.links, t, where)
+        _run_linked(ws, plan, ctx, t, where)
     return [*_alias_outputs(ctx, plan, scratch), scratch]
 
 
@@ -409,8 +422,7 @@ def _backward_step(ctx: OpContext, ws: StepWorkspace, plan: StepPlan,
                                  f"{tuple(grad.all_grad.shape)}; expected "
                                  f"(T, {grad.value.shape[1]}, {grad.value.shape[2]})")
             grad.value[t + 1] += grad.all_grad[t]
-    run_step_ops(_step_ops(ws, plan, ctx), blobs, where)
-    _write_through(blobs, plan.links, t, where)
+    _run_linked(ws, plan, ctx, t, where)
 
 
 @register_op("RecurrentNetworkGradient", inputs=(2, None), outputs=(1, None))
