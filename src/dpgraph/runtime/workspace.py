@@ -23,6 +23,7 @@ from dpgraph.ir.device import device_key, device_name
 from dpgraph.proto import caffe2_pb2
 from dpgraph.runtime import devices
 from dpgraph.runtime.executor import SimpleExecutor, make_executor
+from dpgraph.runtime.first_run import run_first_run_checks
 from dpgraph.runtime.operator import OpInstance, net_entropy
 from dpgraph.runtime.serialization import tensor_proto_to_numpy
 
@@ -54,8 +55,12 @@ class NetInstance:
                     for i, op in enumerate(self.proto.op)]
         self.executor = make_executor(self.proto.type, self.ops, self.proto.num_workers,
                                       self.name)
+        self.checked = False
 
     def run(self) -> None:
+        if not self.checked:  # once per created net (and per RunNetOnce)
+            self.checked = True
+            run_first_run_checks(self.workspace, self.proto)
         self.executor.run(self.workspace._blobs, self.workspace._placement)
 
     def close(self) -> None:
