@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from dpgraph import core, workspace
-from dpgraph.errors import NotSupportedError, QueueClosedError, WorkspaceError
+from dpgraph.errors import QueueClosedError, WorkspaceError
 from dpgraph.ops.queue import BlobsQueue
 from dpgraph.proto import caffe2_pb2
 
@@ -90,8 +90,7 @@ def test_plan_errors() -> None:
     step = caffe2_pb2.ExecutionStep(name="x", network=["nope"])
     with pytest.raises(WorkspaceError, match="Can't find net nope"):
         workspace.RunPlan(step)
-    with pytest.raises(NotSupportedError):
-        workspace.RunPlan(caffe2_pb2.ExecutionStep(name="w", create_workspace=True))
+    workspace.RunPlan(caffe2_pb2.ExecutionStep(name="w", create_workspace=True))  # child ws
     with pytest.raises(WorkspaceError, match="PlanDef"):
         workspace.RunPlan(3)
 
