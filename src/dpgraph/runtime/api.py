@@ -134,7 +134,7 @@ def SerializeBlob(name: Any) -> bytes:
     """The blob as BlobProto bytes."""
     ws = current()
     name = StringifyBlobName(name)
-    return serialize_blob(name, ws.fetch_blob(name))
+    return serialize_blob(name, ws.fetch_blob(name), ws.placement(name))
 
 
 def DeserializeBlob(name: Any, serialized: bytes) -> bool:
