@@ -9,9 +9,8 @@ import numpy as np
 import pytest
 from _dpm_updates import manual_sgd
 
-from dpgraph import brew, core, model_helper, workspace
-from dpgraph.errors import NotSupportedError, ParallelizeError
-from dpgraph.parallel import bmuf, distributed
+from dpgraph import brew, core, data_parallel_model, model_helper, workspace
+from dpgraph.errors import ParallelizeError
 from dpgraph.parallel.lifecycle import RunInitNet, RunNet, RunWarmup
 from dpgraph.proto import caffe2_pb2
 
@@ -54,7 +53,8 @@ def _build(gpu: bool, devices: list[int], update: Any = manual_sgd, **kwargs: An
     if gpu:
         workspace.SetVirtualGpus(max(devices) + 1)
     model = model_helper.ModelHelper(name="bmuf")
-    fun = bmuf.Parallelize_GPU_BMUF if gpu else bmuf.Parallelize_CPU_BMUF
+    fun = (data_parallel_model.Parallelize_GPU_BMUF if gpu
+           else data_parallel_model.Parallelize_CPU_BMUF)
     fun(model, lambda m: None, forward, update, devices=devices, **kwargs)
     _feed(devices, gpu, model._device_prefix)
     return model
@@ -191,35 +191,43 @@ def test_training_reduces_loss() -> None:
     assert float(fetch("cpu_0/loss")) < first
 
 
-def test_multi_host_needs_collectives() -> None:
-    if distributed._HOOKS:
-        pytest.skip("multi-host collectives are installed; covered by the dist tier")
+def test_multi_host_graph_reduces_across_hosts() -> None:
+    """With num_shards > 1 the global update all-reduces over devices and hosts (one GLOO
+    Allreduce per param, on common worlds made in the param init net), the initial
+    broadcast spans the hosts, and the barrier nets come first (graph only: nothing runs)."""
     model = model_helper.ModelHelper(name="bmuf_dist")
-    before = model.net.Proto().SerializeToString()
     rendezvous = {"kv_handler": "store", "shard_id": 0, "num_shards": 2, "engine": "GLOO"}
-    with pytest.raises(NotSupportedError):
-        bmuf.Parallelize_CPU_BMUF(model, lambda m: None, forward, manual_sgd, devices=[0, 1],
-                                  rendezvous=rendezvous)
-    assert model.net.Proto().SerializeToString() == before
+    data_parallel_model.Parallelize_CPU_BMUF(model, lambda m: None, forward, manual_sgd,
+                                             devices=[0, 1], rendezvous=rendezvous)
+    update = model._global_model_param_updates_net.Proto()
+    allreduces = [op for op in update.op if op.type == "Allreduce"]
+    assert [list(op.input)[1:] for op in allreduces] == [["cpu_0/fc_w", "cpu_1/fc_w"],
+                                                         ["cpu_0/fc_b", "cpu_1/fc_b"]]
+    assert all(op.engine == "GLOO" for op in allreduces)
+    assert not [op for op in update.op if op.type == "Sum"]
+    scales = [op for op in update.op if op.type == "Scale" and op.input[0] == "cpu_0/fc_w"]
+    assert [a.f for a in scales[0].arg if a.name == "scale"] == [0.25]  # 1/(2 dev * 2 hosts)
+    init_types = [op.type for op in model.param_init_net.Proto().op]
+    assert "CreateCommonWorld" in init_types and "Broadcast" in init_types
+    assert [n.Proto().name for n in model._data_parallel_model_init_nets][0] == \
+        model._barrier_init_net.Proto().name
+    assert model._data_parallel_model_nets[0] is model._barrier_net
 
 
 def test_errors_leave_model_unchanged() -> None:
     model = model_helper.ModelHelper(name="bmuf_bad")
     before = model.net.Proto().SerializeToString()
     with pytest.raises(ParallelizeError):
-        bmuf.Parallelize_CPU_BMUF(model, lambda m: None, lambda m, s: "loss", manual_sgd,
-                                  devices=[0, 1])
+        data_parallel_model.Parallelize_CPU_BMUF(model, lambda m: None, lambda m, s: "loss",
+                                                 manual_sgd, devices=[0, 1])
     assert model.net.Proto().SerializeToString() == before
     assert not hasattr(model, "_global_model_param_updates_net")
     with pytest.raises(ParallelizeError, match="master_device"):
-        bmuf.Parallelize_CPU_BMUF(model, lambda m: None, forward, manual_sgd, devices=[0, 1],
-                                  master_device=5)
+        data_parallel_model.Parallelize_CPU_BMUF(model, lambda m: None, forward, manual_sgd,
+                                                 devices=[0, 1], master_device=5)
 
 
 def test_optimize_gradient_memory_gives_same_params() -> None:
-    from dpgraph.memory.dpm import install_memory_hooks
-
-    install_memory_hooks()
     results = []
     for optimize in (False, True):
         workspace.ResetWorkspace()
@@ -239,8 +247,6 @@ def test_optimize_gradient_memory_gives_same_params() -> None:
 
 
 def test_data_parallel_model_facade() -> None:
-    from dpgraph import data_parallel_model
-
     model = model_helper.ModelHelper(name="bmuf_facade")
     data_parallel_model.Parallelize_CPU_BMUF(model, lambda m: None, forward, manual_sgd,
                                              devices=[0, 1], block_momentum=0.25)

@@ -132,7 +132,6 @@ def test_muji_device_options() -> None:
 
 def test_caffe2_alias_modules_are_the_same() -> None:
     """``caffe2.python.data_parallel_model``/``muji`` resolve to dpgraph's modules."""
-    pytest.importorskip("dpgraph.compat.caffe2")
     import importlib
 
     from dpgraph.compat import caffe2 as compat

@@ -9,7 +9,8 @@ scenarios of :mod:`_snapshots`: record once before a change, once after, and com
     python tests/parallel/_record_plugin.py /tmp/before.json /tmp/after.json
 
 Each successful call is keyed by the test's node id and the call's index in that test, and
-stored as the sha256 of every net the model runs (serialized NetDef).
+stored as a sha256 of every net the model runs (its text, with the process-wide counters
+renumbered: the committed snapshots are the byte-exact check).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import re
 import sys
 from typing import Any
 
@@ -35,13 +37,31 @@ def _nets(model: Any) -> dict[str, Any]:
     return model_nets(model)
 
 
+_NET_SUFFIX = re.compile(r"_\d+$")
+_OPTIMIZER = re.compile(r"(\w*Optimizer)_(\d+)_")
+
+
+def _digest(proto: Any) -> str:
+    """sha256 of the NetDef's text with the process-wide counters (net-name suffixes,
+    optimizer instance numbers, Python-op tokens) renumbered, so that runs with different
+    test selections compare."""
+    from _snapshots import normalized
+
+    copy = normalized(proto)
+    copy.name = _NET_SUFFIX.sub("", copy.name)
+    seen: dict[str, str] = {}
+    text = _OPTIMIZER.sub(
+        lambda m: f"{m.group(1)}_#{seen.setdefault(m.group(0), str(len(seen)))}_",
+        str(copy))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
 def _record(model: Any) -> None:
     index = _CURRENT["count"]
     _CURRENT["count"] += 1
     key = f"{_CURRENT['nodeid']}#{index}"
-    _RECORDS[key] = {name: proto if isinstance(proto, str)
-                     else hashlib.sha256(proto.SerializeToString()).hexdigest()
-                     for name, proto in _nets(model).items()}
+    _RECORDS[key] = {_NET_SUFFIX.sub("", name): proto if isinstance(proto, str)
+                     else _digest(proto) for name, proto in _nets(model).items()}
 
 
 def _wrap(fun: Any) -> Any:
@@ -61,8 +81,8 @@ def _patch() -> None:
 
     for module, name in ((data_parallel_model, "Parallelize"), (bmuf, "Parallelize_BMUF"),
                          (data_parallel_model, "Parallelize_BMUF")):
-        fun = getattr(module, name)
-        if not getattr(fun, "__wrapped_by_recorder__", False):
+        fun = getattr(module, name, None)
+        if fun is not None and not getattr(fun, "__wrapped_by_recorder__", False):
             setattr(module, name, _wrap(fun))
 
 

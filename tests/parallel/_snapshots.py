@@ -25,16 +25,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from dpgraph import brew, cnn, core, data_parallel_model, model_helper, optimizer, workspace
+from dpgraph.proto import caffe2_pb2
+
 HERE = Path(__file__).resolve().parent
 if __name__ == "__main__":  # run as a script: the test helper folders on the path
     sys.path[:0] = [str(HERE), str(HERE.parent)]
-
-import numpy as np  # noqa: E402
-
-from dpgraph import brew, cnn, core, data_parallel_model, model_helper, optimizer  # noqa: E402
-from dpgraph import workspace  # noqa: E402
-from dpgraph.proto import caffe2_pb2  # noqa: E402
-
 SNAPSHOT_FILE = HERE / "data" / "netdef_snapshots.json"
 
 

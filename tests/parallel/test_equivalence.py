@@ -79,7 +79,6 @@ def test_combine_spatial_bn_params(ndev: int, gpu: bool) -> None:
 
 @pytest.mark.parametrize("flag", ["optimize_gradient_memory", "dynamic_memory_management"])
 def test_memory_passes_keep_results(flag: str) -> None:
-    pytest.importorskip("dpgraph.memory.dpm", reason="memory passes not in this build")
     assert_same_params(reference(), train(range(2), **{flag: True})[1])
 
 

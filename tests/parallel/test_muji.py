@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from dpgraph import core, muji, workspace
+from dpgraph.errors import DeviceError
 from dpgraph.proto import caffe2_pb2
 
 
@@ -117,8 +118,10 @@ def test_allreduce_dispatch_on_peer_access() -> None:
 
 
 def test_gpu_indices_length_mismatch() -> None:
-    with pytest.raises(RuntimeError, match="mismatch: 1 vs 2"):
+    with pytest.raises(DeviceError, match="mismatch: 1 vs 2") as info:
         muji.Allreduce(core.Net("bad"), ["a", "b"], gpu_indices=[0])
+    assert isinstance(info.value, RuntimeError)  # Caffe2 raised RuntimeError
+    assert "['a', 'b']" in str(info.value) and "one GPU index per blob" in str(info.value)
 
 
 def test_explicit_device_option_overrides_scope(gpus8) -> None:

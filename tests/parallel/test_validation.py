@@ -7,7 +7,7 @@ import pytest
 from _parallel_helpers import manual_sgd, mlp_forward, optimizer_fun
 
 from dpgraph import brew, core, data_parallel_model, model_helper, workspace
-from dpgraph.errors import NotSupportedError, ParallelizeError
+from dpgraph.errors import ParallelizeError
 from dpgraph.proto import caffe2_pb2
 
 
@@ -160,31 +160,10 @@ def test_sparse_gradient_on_cpu() -> None:
     assert "Synchronizing gradient slices not supported" in str(error)
 
 
-@pytest.mark.parametrize("flag", ["optimize_gradient_memory", "dynamic_memory_management"])
-def test_memory_flags_without_memory_passes(flag: str, monkeypatch) -> None:
-    import sys
-
-    from dpgraph.parallel import memory
-
-    monkeypatch.setattr(memory, "_HOOKS", [])
-    monkeypatch.setitem(sys.modules, "dpgraph.memory.dpm", None)  # import fails
-    error = run_failing(prepared_model(), cpu_device=True, **{flag: True})
-    assert isinstance(error, NotSupportedError) and flag in str(error)
-
-
 def test_memory_flags_together_refused() -> None:
     error = run_failing(prepared_model(), cpu_device=True, optimize_gradient_memory=True,
                         dynamic_memory_management=True)
     assert isinstance(error, ParallelizeError) and "memonger" in str(error)
-
-
-def test_multi_host_rendezvous_without_backend(monkeypatch) -> None:
-    from dpgraph.parallel import distributed
-
-    monkeypatch.setattr(distributed, "_HOOKS", [])
-    rendezvous = {"kv_handler": "store", "shard_id": 0, "num_shards": 2, "engine": "GLOO"}
-    error = run_failing(prepared_model(), cpu_device=True, rendezvous=rendezvous)
-    assert isinstance(error, NotSupportedError) and "num_shards=2" in str(error)
 
 
 def test_single_shard_rendezvous_is_single_host() -> None:
