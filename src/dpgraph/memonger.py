@@ -16,6 +16,7 @@ from dpgraph.memory import (
     compute_assignments,
     compute_assignments_dp,
     compute_assignments_greedy,
+    compute_blob_assignments,
     compute_interference_graph,
     compute_ranges,
     compute_statistics,
@@ -37,7 +38,8 @@ from dpgraph.memory import (
 
 __all__ = [
     "AssignmentAlgorithm", "LiveRange", "Optimization", "Statistics", "apply_assignments",
-    "blob_assignments", "collect_blob_sizes", "compute_assignments", "compute_assignments_dp",
+    "blob_assignments", "compute_blob_assignments", "collect_blob_sizes",
+    "compute_assignments", "compute_assignments_dp",
     "compute_assignments_greedy", "compute_interference_graph", "compute_ranges",
     "compute_statistics", "estimate_memory_usage", "get_memory_usage", "get_updated_ranges",
     "is_compatible", "optimize_inference_fast", "verify_assignments",

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from _autodiff_testops import assert_ops, op
 
 from dpgraph import core

@@ -12,15 +12,10 @@ from _dpm_updates import manual_sgd
 
 from dpgraph import brew, core, data_parallel_model, model_helper, workspace
 from dpgraph.memory import liveness
-from dpgraph.memory.dpm import OptimizeGradientMemory, install_memory_hooks
+from dpgraph.memory.dpm import OptimizeGradientMemory
 from dpgraph.proto import caffe2_pb2
 
 BATCH, IN, HIDDEN, OUT = 6, 5, 7, 3
-
-
-@pytest.fixture(autouse=True)
-def hooks() -> None:
-    install_memory_hooks()
 
 
 def forward(model: Any, loss_scale: float) -> list[Any]:

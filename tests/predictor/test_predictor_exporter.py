@@ -175,7 +175,7 @@ def test_load_device_scope(exported, tmp_path):
 
 def test_db_fails_without_params(exported, tmp_path):
     _, meta, _ = exported
-    with pytest.raises(Exception):
+    with pytest.raises(Exception, match="y_w"):  # noqa: B017  (Caffe2's test expects any)
         pe.save_to_db("minidb", str(tmp_path / "x.minidb"), meta)
 
 

@@ -16,9 +16,8 @@ predict-init net (zero fills for inputs and outputs) and the predict net::
 
 from __future__ import annotations
 
-import collections
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -41,11 +40,21 @@ from dpgraph.runtime import api
 
 predictor_constants = predictor_consts_pb2.PredictorConsts()
 
-_FIELDS = ("predict_net", "parameters", "inputs", "outputs", "shapes", "name",
-           "extra_init_net", "global_init_net", "net_type", "num_workers", "trainer_prefix")
+class _ExportMetaFields(NamedTuple):
+    predict_net: Any
+    parameters: list[str]
+    inputs: list[str]
+    outputs: list[str]
+    shapes: dict[str, Any]
+    name: str
+    extra_init_net: Any
+    global_init_net: Any
+    net_type: str | None
+    num_workers: int | None
+    trainer_prefix: str | None
 
 
-class PredictorExportMeta(collections.namedtuple("PredictorExportMeta", _FIELDS)):
+class PredictorExportMeta(_ExportMetaFields):
     """What a saved predictor holds: the predict net, its parameter / input / output blob
     names, known shapes, optional extra nets, and the predict net's type and workers."""
 
@@ -70,9 +79,9 @@ class PredictorExportMeta(collections.namedtuple("PredictorExportMeta", _FIELDS)
             predict_net = predict_net.Proto()
         assert isinstance(predict_net, (caffe2_pb2.NetDef, caffe2_pb2.PlanDef)), (
             f"predict_net must be a Net, NetDef, Plan or PlanDef, got {type(predict_net)}")
-        return super().__new__(cls, predict_net, parameters, inputs, outputs, shapes, name,
-                               extra_init_net, global_init_net, net_type, num_workers,
-                               trainer_prefix)
+        return super().__new__(cls, predict_net, parameters, inputs,  # type: ignore[call-arg]
+                                outputs, shapes, name, extra_init_net, global_init_net,
+                                net_type, num_workers, trainer_prefix)
 
     def inputs_name(self) -> str:
         return get_comp_name(predictor_constants.INPUTS_BLOB_TYPE, self.name)
@@ -290,7 +299,7 @@ def save_parallel_model(db_type: str, db_destination: str, model: Any, inputs: I
 
 
 __all__ = [
-    "PredictorExportMeta", "parallel_model_export_meta", "save_parallel_model", "get_meta_net_def", "get_predictor_exporter_helper",
-    "load_from_db", "predictor_constants", "prepare_prediction_net", "save_to_db",
-    "set_model_info",
+    "PredictorExportMeta", "get_meta_net_def", "get_predictor_exporter_helper",
+    "load_from_db", "parallel_model_export_meta", "predictor_constants",
+    "prepare_prediction_net", "save_parallel_model", "save_to_db", "set_model_info",
 ]

@@ -11,6 +11,7 @@ from dpgraph.memory.assign import (
     compute_assignments,
     compute_assignments_dp,
     compute_assignments_greedy,
+    compute_blob_assignments,
     compute_ranges,
     compute_statistics,
     get_memory_usage,
@@ -36,7 +37,8 @@ from dpgraph.memory.sharing import (
 
 __all__ = [
     "AssignmentAlgorithm", "LiveRange", "OpGraph", "Optimization", "Statistics",
-    "apply_assignments", "blob_assignments", "collect_blob_sizes", "compute_assignments",
+    "apply_assignments", "blob_assignments", "compute_blob_assignments", "collect_blob_sizes",
+    "compute_assignments",
     "compute_assignments_dp", "compute_assignments_greedy", "compute_dependency_graph",
     "compute_interference_graph", "compute_ranges", "compute_statistics",
     "estimate_memory_usage", "get_memory_usage", "is_compatible", "verify_assignments",

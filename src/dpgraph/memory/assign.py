@@ -224,9 +224,13 @@ def compute_assignments(ranges: Mapping[str, LiveRange], static_blobs: Iterable[
     return compute_assignments_greedy(items, None)
 
 
-def blob_assignments(assignments: Iterable[Assignment]) -> dict[str, str]:
-    """Every blob of an assignment -> the assignment's first blob."""
-    return {name: a[0][0] for a in assignments if a for name, _ in a}
+def compute_blob_assignments(assignments: Iterable[Assignment]) -> dict[str, str]:
+    """Every blob of a multi-blob assignment -> the assignment's last blob (Caffe2's
+    naming of a shared buffer)."""
+    return {name: a[-1][0] for a in assignments if len(a) > 1 for name, _ in a}
+
+
+blob_assignments = compute_blob_assignments
 
 
 def apply_assignments(net: caffe2_pb2.NetDef, assignments: Any) -> None:

@@ -1,9 +1,5 @@
-"""Memory passes for data-parallel models: ``OptimizeGradientMemory`` and the hooks the
-``Parallelize`` pipeline calls for ``optimize_gradient_memory`` and
-``dynamic_memory_management``.
-
-Call :func:`install_memory_hooks` once (``data_parallel_model`` does) so that
-``Parallelize(..., optimize_gradient_memory=True)`` can run.
+"""``OptimizeGradientMemory`` for data-parallel models: gradient (and activation) buffer
+sharing per device.  (Parallelize's own memory passes are in :mod:`dpgraph.parallel.memory`.)
 """
 
 from __future__ import annotations
@@ -13,7 +9,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from dpgraph.errors import ParallelizeError
-from dpgraph.memory.sharing import release_blobs_when_used, share_grad_blobs
+from dpgraph.memory.sharing import share_grad_blobs
 from dpgraph.proto import caffe2_pb2
 
 log = logging.getLogger("dpgraph.memonger")
@@ -76,44 +72,3 @@ def OptimizeGradientMemory(model: Any, input_shapes: Mapping[str, Any] | None,
             dont_share_blobs={ns + str(b) for b in excluded}, blob_shapes=shapes,
         )
         _replace_net(model, proto)
-
-
-def _keep_all_devices(state: Any, blobs_to_keep: Iterable[str] | None) -> set[str]:
-    keep = {f"{state.namescope(d)}/{b}" for d in state.devices for b in blobs_to_keep or ()}
-    if state.config.rendezvous_legacy is not None:
-        # cross-host collectives expect the gradient buffers to persist across iterations
-        keep.update(str(g) for g in _param_grads(state.model))
-    return keep
-
-
-class MemoryPasses:
-    """The memory passes of the Parallelize pipeline (see parallel.memory.MemoryHooks)."""
-
-    def optimize_gradient_memory(self, state: Any) -> None:
-        """Share gradient buffers per device (activations are left alone)."""
-        model = state.model
-        for device in state.devices:
-            proto = share_grad_blobs(model.net, state.losses_by_device[device],
-                                     _param_grads(model), f"{state.namescope(device)}/",
-                                     share_activations=False)
-            _replace_net(model, proto)
-
-    def dynamic_memory_management(self, state: Any, blobs_to_keep: Any) -> None:
-        """Free every blob after its last use, except ``blobs_to_keep`` (unprefixed)."""
-        model = state.model
-        keep = _keep_all_devices(state, blobs_to_keep)
-        _replace_net(model, release_blobs_when_used(model.net.Proto(), keep))
-
-
-_INSTALLED: list[MemoryPasses] = []
-
-
-def install_memory_hooks() -> None:
-    """Register :class:`MemoryPasses` with the Parallelize pipeline (idempotent)."""
-    from dpgraph.parallel.memory import get_memory_hooks, register_memory_hooks
-
-    current = get_memory_hooks()
-    if current is None or not isinstance(current, MemoryPasses):
-        hooks = MemoryPasses()
-        _INSTALLED.append(hooks)
-        register_memory_hooks(hooks)

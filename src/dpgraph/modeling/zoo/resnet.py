@@ -23,7 +23,7 @@ RESNEXT_BLOCK_CONFIG = {
     152: (3, 8, 36, 3), 200: (3, 24, 36, 3),
 }
 RESNEXT_STRIDES = [1, 2, 2, 2]
-_MSRA = ("MSRAFill", {})
+_MSRA: tuple[str, dict[str, Any]] = ("MSRAFill", {})
 
 
 class ResNetBuilder:
@@ -44,7 +44,7 @@ class ResNetBuilder:
                  group: int = 1, pad: int = 0) -> Any:
         self.comp_idx += 1
         self.prev_blob = brew.conv(
-            self.model, self.prev_blob, "comp_%d_conv_%d" % (self.comp_count, self.comp_idx),
+            self.model, self.prev_blob, f"comp_{self.comp_count}_conv_{self.comp_idx}",
             in_filters, out_filters, weight_init=_MSRA, kernel=kernel, stride=stride,
             group=group, pad=pad, no_bias=self.no_bias)
         return self.prev_blob
@@ -55,7 +55,7 @@ class ResNetBuilder:
 
     def add_spatial_bn(self, num_filters: int) -> Any:
         self.prev_blob = brew.spatial_bn(
-            self.model, self.prev_blob, "comp_%d_spatbn_%d" % (self.comp_count, self.comp_idx),
+            self.model, self.prev_blob, f"comp_{self.comp_count}_spatbn_{self.comp_idx}",
             num_filters, epsilon=self.bn_epsilon, momentum=self.bn_momentum,
             is_test=self.is_test)
         return self.prev_blob
@@ -79,16 +79,16 @@ class ResNetBuilder:
             last_conv = self.add_spatial_bn(output_filters)
         if output_filters != input_filters:
             shortcut_blob = brew.conv(
-                self.model, shortcut_blob, "shortcut_projection_%d" % self.comp_count,
+                self.model, shortcut_blob, f"shortcut_projection_{self.comp_count}",
                 input_filters, output_filters, weight_init=_MSRA, kernel=1, stride=stride,
                 no_bias=self.no_bias)
             if spatial_batch_norm:
                 shortcut_blob = brew.spatial_bn(
                     self.model, shortcut_blob,
-                    "shortcut_projection_%d_spatbn" % self.comp_count, output_filters,
+                    f"shortcut_projection_{self.comp_count}_spatbn", output_filters,
                     epsilon=self.bn_epsilon, momentum=self.bn_momentum, is_test=self.is_test)
         self.prev_blob = brew.sum(self.model, [shortcut_blob, last_conv],
-                                  "comp_%d_sum_%d" % (self.comp_count, self.comp_idx))
+                                  f"comp_{self.comp_count}_sum_{self.comp_idx}")
         self.comp_idx += 1
         self.add_relu()
         self.comp_count += 1
@@ -110,16 +110,16 @@ class ResNetBuilder:
             last_conv = self.add_spatial_bn(num_filters)
         if num_filters != input_filters:
             shortcut_blob = brew.conv(
-                self.model, shortcut_blob, "shortcut_projection_%d" % self.comp_count,
+                self.model, shortcut_blob, f"shortcut_projection_{self.comp_count}",
                 input_filters, num_filters, weight_init=_MSRA, kernel=1,
                 stride=(1 if down_sampling is False else 2), no_bias=self.no_bias)
             if spatial_batch_norm:
                 shortcut_blob = brew.spatial_bn(
                     self.model, shortcut_blob,
-                    "shortcut_projection_%d_spatbn" % self.comp_count, num_filters,
+                    f"shortcut_projection_{self.comp_count}_spatbn", num_filters,
                     epsilon=1e-3, is_test=self.is_test)
         self.prev_blob = brew.sum(self.model, [shortcut_blob, last_conv],
-                                  "comp_%d_sum_%d" % (self.comp_count, self.comp_idx))
+                                  f"comp_{self.comp_count}_sum_{self.comp_idx}")
         self.comp_idx += 1
         self.add_relu()
         self.comp_count += 1
@@ -143,7 +143,7 @@ def create_resnext(model: Any, data: Any, num_input_channels: int, num_labels: i
     """ResNeXt-``num_layers``: conv1 / pool1, four stages of bottlenecks, global average
     pool and ``last_out_L<num_labels>``; returns (softmax, loss), softmax or last_out."""
     if num_layers not in RESNEXT_BLOCK_CONFIG:
-        log.error("{}-layer is invalid for resnext config".format(num_layers))
+        log.error(f"{num_layers}-layer is invalid for resnext config")
     block_config = RESNEXT_BLOCK_CONFIG[num_layers]
     num_filters = ([64, 64, 128, 256, 512] if num_layers in (18, 34)
                    else [64, 256, 512, 1024, 2048])
@@ -167,7 +167,7 @@ def create_resnext(model: Any, data: Any, num_input_channels: int, num_labels: i
         inner_dim *= 2
     final_avg = brew.average_pool(model, builder.prev_blob, "final_avg",
                                   kernel=final_avg_kernel, stride=1, global_pooling=True)
-    last_out = brew.fc(model, final_avg, "last_out_L{}".format(num_labels), num_features,
+    last_out = brew.fc(model, final_avg, f"last_out_L{num_labels}", num_features,
                        num_labels)
     return _head(model, last_out, label, no_loss)
 

@@ -13,7 +13,7 @@ OUTPUT_CHANNELS = {
     "1.5x": [24, 176, 352, 704, 1024],
     "2.0x": [24, 244, 488, 976, 2048],
 }
-_MSRA = ("MSRAFill", {})
+_MSRA: tuple[str, dict[str, Any]] = ("MSRAFill", {})
 
 
 class ShuffleNetV2Builder:
@@ -42,16 +42,16 @@ class ShuffleNetV2Builder:
                                        stride=2)
         for idx, repeat in enumerate(self.stage_repeats):
             out_channels = self.output_channels[idx + 1]
-            self.add_spatial_ds_unit(in_channels, out_channels, "stage{}_stride2".format(idx + 2))
+            self.add_spatial_ds_unit(in_channels, out_channels, f"stage{idx + 2}_stride2")
             for i in range(repeat):
                 self.add_basic_unit(out_channels,
-                                    "stage{}_stride1_repeat{}".format(idx + 2, i + 1))
+                                    f"stage{idx + 2}_stride1_repeat{i + 1}")
             in_channels = out_channels
         self.prev_blob = brew.conv(self.model, self.prev_blob, "conv5", in_channels,
                                    self.output_channels[4], kernel=1)
         self.prev_blob = self.model.AveragePool(self.prev_blob, "avg_pool", kernel=7)
         self.last_out = brew.fc(self.model, self.prev_blob,
-                                "last_out_L{}".format(self.num_labels),
+                                f"last_out_L{self.num_labels}",
                                 self.output_channels[4], self.num_labels)
         return self.last_out
 
