@@ -113,7 +113,11 @@ def recurrent_net(net: Net, cell_net: Net, inputs: Sequence[Any],
     """
     if len(inputs) != 1:
         raise ModelError("Only one input blob is supported so far")
+    # Blob *objects* are kept for the op: a BlobReference is used as is, a str gets the
+    # current NameScope when the op is created (as Caffe2's op creation does).
+    initial_objects = [b for _, b in initial_cell_inputs]
     initial_cell_inputs = [(str(a), str(b)) for a, b in initial_cell_inputs]
+    link_objects = {str(k): v for k, v in links.items()}
     links = {str(k): str(v) for k, v in links.items()}
     op_name = net.NextName("recurrent")
 
@@ -127,19 +131,20 @@ def recurrent_net(net: Net, cell_net: Net, inputs: Sequence[Any],
     references = [BlobReference(b) for b in cell_net.Proto().external_input if b not in known]
     backward = None if forward_only else _Backward(cell_net, recompute_blobs_on_backward)
     all_inputs = [input_blob] + [b for _, b in initial_cell_inputs] + [str(r) for r in references]
+    input_objects = [inputs[0][1], *initial_objects, *references]
     cell_net.Proto().type = "simple"
 
     forward_links: list[Triple] = []
     backward_links: list[Triple] = []
     aliases: list[Triple] = []
     states: list[str] = []
-    outputs: list[str] = []
+    outputs: list[Any] = []
     for cell_input, _ in initial_cell_inputs:
         state = s(cell_input + "_states")
         cell_output = links[cell_input]
         forward_links += [(cell_input, state, 0), (cell_output, state, 1)]
         aliases += [(state, cell_output + "_all", 1), (state, cell_output + "_last", -1)]
-        outputs += [cell_output + "_all", cell_output + "_last"]
+        outputs += [_suffixed(link_objects[cell_input], suffix) for suffix in ("_all", "_last")]
         states.append(state)
         if backward is not None:
             backward_links.append((cell_output + "_grad", state + "_grad", 1))
@@ -162,7 +167,7 @@ def recurrent_net(net: Net, cell_net: Net, inputs: Sequence[Any],
     alias_src, alias_dst, alias_offset = _unzip(aliases)
     link_internal, link_external, link_offset = _unzip(forward_links)
     results = net.RecurrentNetwork(
-        all_inputs, outputs + [s("step_workspaces")],
+        input_objects, outputs + [s("step_workspaces")],
         alias_src=alias_src, alias_dst=alias_dst, alias_offset=alias_offset,
         recurrent_states=states,
         initial_recurrent_state_ids=[all_inputs.index(b) for _, b in initial_cell_inputs],
@@ -171,6 +176,12 @@ def recurrent_net(net: Net, cell_net: Net, inputs: Sequence[Any],
         timestep="timestep" if timestep is None else str(timestep), **backward_args)
     cell_net.Proto().type = "simple"
     return tuple(results[:-1])
+
+
+def _suffixed(blob: Any, suffix: str) -> Any:
+    """``blob + suffix``: a BlobReference stays one (no NameScope added), a str stays str."""
+    return BlobReference(str(blob) + suffix) if isinstance(blob, BlobReference) \
+        else str(blob) + suffix
 
 
 def _backward_arguments(backward: _Backward, references: list[BlobReference],
