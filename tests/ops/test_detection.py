@@ -352,17 +352,26 @@ def test_batch_permutation() -> None:
 # --- SpatialNarrowAs -------------------------------------------------------------------------
 def test_spatial_narrow_as() -> None:
     a = RNG.standard_normal((2, 3, 5, 6)).astype(F32)
-    b = np.zeros((2, 7, 4, 3), F32)
+    b = np.zeros((2, 3, 4, 3), F32)
     op = make_op("SpatialNarrowAs", ["A", "B"], ["C"])
     (c,) = run_op(op, [a, b])
     np.testing.assert_array_equal(c, a[:, :, :4, :3])
-    (c3,) = run_op(op, [a[:, 0], b[:, 0]])
-    np.testing.assert_array_equal(c3, a[:, 0, :4, :3])
+    (c3,) = run_op(op, [a, b[:, 0]])  # B may be (N, H', W'): A keeps its channels
+    np.testing.assert_array_equal(c3, a[:, :, :4, :3])
     assert grad_structure("SpatialNarrowAs", ["A", "B"], ["C"]) == [
         ("SpatialNarrowAsGradient", ["A", "B", "C_grad"], ["A_grad"]), ["A_grad", None]]
-    check_gradient(op, [a[:1, :2], b[:1]], inputs_to_check=[0])
-    with pytest.raises(ShapeError, match="exceeds"):
-        run_op(op, [b, a])
+    check_gradient(op, [a[:1, :2], b[:1, :2]], inputs_to_check=[0])
+    check_gradient(op, [a[:1, :2], b[:1, 0]], inputs_to_check=[0])
+    with pytest.raises(ShapeError, match="height must be >="):
+        run_op(op, [a[:, :, :3], b])
+    with pytest.raises(ShapeError, match="width must be >="):
+        run_op(op, [a[:, :, :, :2], b])
+    with pytest.raises(ShapeError, match="Input dim 1 must be equal"):
+        run_op(op, [a, np.zeros((2, 7, 4, 3), F32)])
+    with pytest.raises(ShapeError, match="Input dim 0 must be equal"):
+        run_op(op, [a, b[:1]])
+    with pytest.raises(ShapeError, match="A must be 4-D"):
+        run_op(op, [a[:, 0], b[:, 0]])
 
 
 def test_roi_align_chunked_matches_unchunked(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -398,7 +407,8 @@ def test_shape_functions() -> None:
     assert resize(op, [x.shape], [1]) == [(run_op(op, [x])[0].shape, 1)]
     narrow = shape_fn("SpatialNarrowAs")
     op = make_op("SpatialNarrowAs", ["A", "B"], ["C"])
-    assert narrow(op, [(2, 3, 9, 9), (2, 1, 4, 5)], [1, 1]) == [((2, 3, 4, 5), 1)]
+    assert narrow(op, [(2, 3, 9, 9), (2, 3, 4, 5)], [1, 1]) == [((2, 3, 4, 5), 1)]
+    assert narrow(op, [(2, 3, 9, 9), (2, 4, 5)], [1, 1]) == [((2, 3, 4, 5), 1)]
     assert shape_fn("SmoothL1Loss")(op, [None] * 4, [None] * 4) == [((), 1)]
 
 
@@ -623,7 +633,7 @@ def test_detection_head_backward_matches_finite_differences() -> None:
     rng = np.random.default_rng(5)
     feeds = {
         "X": rng.standard_normal((2, 2, 4, 5)).astype(F32),
-        "B": np.zeros((2, 1, 7, 9), F32),
+        "B": np.zeros((2, 7, 9), F32),
         "rois": np.array([[0, 1, 1, 12, 10], [1, 0, 2, 7, 13], [1, 4, 3, 17, 9]], F32),
         "perm": np.array([2, 0, 1], np.int32),
         "target": rng.standard_normal((3, 2, 2, 2)).astype(F32) * 3,

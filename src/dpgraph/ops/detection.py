@@ -579,25 +579,35 @@ def batch_permutation_gradient(ctx: OpContext) -> Outputs:
 
 # --- SpatialNarrowAs -------------------------------------------------------------------------
 def _narrow_size(ctx: OpContext, a: Any, b: Any) -> tuple[int, int]:
-    if a.ndim != b.ndim or a.ndim not in (3, 4):
-        raise ctx.fail(f"A and B must both be 3-D or 4-D, got shapes {tuple(a.shape)} and "
-                       f"{tuple(b.shape)}")
+    """(height, width) of the narrowed output, with Caffe2's checks: A is (N, C, H, W); B is
+    (N, C, H', W') or (N, H', W'), with H' <= H and W' <= W."""
+    if a.ndim != 4 or b.ndim not in (3, 4):
+        raise ctx.fail(f"A must be 4-D (N, C, H, W) and B 4-D (N, C, H', W') or 3-D "
+                       f"(N, H', W'), got shapes {tuple(a.shape)} and {tuple(b.shape)}")
+    if a.shape[0] != b.shape[0]:
+        raise ctx.fail(f"Input dim 0 must be equal: A {tuple(a.shape)}, B {tuple(b.shape)}")
+    if b.ndim == 4 and a.shape[1] != b.shape[1]:
+        raise ctx.fail(f"Input dim 1 must be equal: A {tuple(a.shape)}, B {tuple(b.shape)}")
     out_h, out_w = int(b.shape[-2]), int(b.shape[-1])
-    if out_h > a.shape[-2] or out_w > a.shape[-1]:
-        raise ctx.fail(f"B's spatial size {(out_h, out_w)} exceeds A's "
-                       f"{tuple(a.shape[-2:])}")
+    if out_h > a.shape[2]:
+        raise ctx.fail(f"Input 0 height must be >= input 1 height: B's {out_h} exceeds A's "
+                       f"{a.shape[2]}")
+    if out_w > a.shape[3]:
+        raise ctx.fail(f"Input 0 width must be >= input 1 width: B's {out_w} exceeds A's "
+                       f"{a.shape[3]}")
     return out_h, out_w
 
 
 def _narrow_shape(op: Any, shapes: list, types: list) -> list:
-    if shapes[0] is None or shapes[1] is None:
+    if shapes[0] is None or shapes[1] is None or len(shapes[0]) != 4:
         return [None]
     return [((*shapes[0][:-2], *shapes[1][-2:]), types[0] or FLOAT)]
 
 
 @register_op("SpatialNarrowAs", inputs=2, outputs=1, shape=_narrow_shape)
 def spatial_narrow_as(ctx: OpContext) -> Outputs:
-    """[A, B] -> C = A[..., :H_B, :W_B] (rows and columns removed from the bottom/right)."""
+    """[A (N, C, H, W), B (N, C, H', W') or (N, H', W')] -> C = A[:, :, :H', :W'] (rows and
+    columns removed from the bottom/right)."""
     a, b = ctx.inputs
     out_h, out_w = _narrow_size(ctx, a, b)
     return (ctx.xp.ascontiguousarray(a[..., :out_h, :out_w]),)
