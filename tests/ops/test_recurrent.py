@@ -272,3 +272,47 @@ def test_dag_executor_and_virtual_gpu_match_simple() -> None:
         workspace.SetVirtualGpus(0)
     for a, b in zip(expected, gpu):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+
+
+def _apply_memonger_renames(op: caffe2_pb2.OperatorDef, renames: dict[str, str]) -> None:
+    """What memonger does to a RecurrentNetwork(-Gradient) op: rename its blobs and those of
+    its step nets, and record each renamed blob of the op as a ``<blob>.rename`` argument."""
+    from dpgraph.ir.arguments import MakeArgument
+
+    def rename(names: Any) -> None:
+        for k, name in enumerate(names):
+            names[k] = renames.get(name, name)
+
+    touched = [b for b in list(op.input) + list(op.output) if b in renames]
+    rename(op.input)
+    rename(op.output)
+    for arg in op.arg:
+        if arg.name.endswith("step_net") and arg.HasField("n"):
+            for inner in arg.n.op:
+                rename(inner.input)
+                rename(inner.output)
+    op.arg.extend(MakeArgument(b + ".rename", renames[b]) for b in touched)
+
+
+def test_gradient_op_follows_memonger_renames() -> None:
+    _, op = _sum_mul_model(True)
+    grad_ops, _ = core.GradientRegistry.GetGradientForOp(op, [op.output[0] + "_grad", None,
+                                                              None])
+    rng = np.random.default_rng(6)
+    feeds = {"input": rng.uniform(-0.8, 0.8, (3, 2, 2)), "initial_input": rng.uniform(
+        -0.8, 0.8, (1, 2, 2)), "w": rng.uniform(0.5, 1.0, (2,)),
+        op.output[0] + "_grad": rng.standard_normal((3, 2, 2))}
+    results = []
+    for renames in ({}, {"input_grad": "buffer_0", "w_grad": "buffer_1"}):
+        workspace.ResetWorkspace()
+        for name, value in feeds.items():
+            workspace.FeedBlob(name, value.astype(np.float32))
+        workspace.RunOperatorOnce(op)
+        grad = caffe2_pb2.OperatorDef()
+        grad.CopyFrom(grad_ops[0])
+        _apply_memonger_renames(grad, renames)
+        workspace.RunOperatorOnce(grad)
+        results.append([workspace.FetchBlob(b) for b in grad.output])
+        assert not renames or list(grad.output)[:2] == ["buffer_0", "buffer_1"]
+    for a, b in zip(*results):
+        np.testing.assert_array_equal(a, b)
