@@ -10,6 +10,7 @@ from dpgraph.export.predictor import WorkspacePredictor as Predictor
 from dpgraph.ir.device import CUDA
 from dpgraph.ir.net import operator_tracebacks
 from dpgraph.ir.scope import CurrentNameScope as GetNameScope
+from dpgraph.runtime import c_api as C
 from dpgraph.runtime import devices as _devices
 from dpgraph.runtime.api import (
     BenchmarkNet,
@@ -43,11 +44,10 @@ from dpgraph.runtime.api import (
     StringifyBlobName,
     StringifyNetName,
     StringifyProto,
-    SwitchWorkspace,
-    WorkspaceGuard,
     Workspaces,
     blobs,
 )
+from dpgraph.runtime.c_api import FillRandomNetworkInputs, SwitchWorkspace, WorkspaceGuard
 from dpgraph.runtime.devices import (
     GetCUDAVersion,
     GetCuDNNVersion,
@@ -73,6 +73,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "C", "FillRandomNetworkInputs",
     "BenchmarkNet", "Blobs", "CreateBlob", "FetchInt8Blob", "GetGPUMemoryInfo", "IsImmediate",
     "StartImmediate", "StopImmediate", "CreateNet", "CurrentWorkspace", "DeserializeBlob",
     "FeedBlob", "FetchBlob", "FetchBlobs", "GetCUDAVersion", "GetCuDNNVersion",

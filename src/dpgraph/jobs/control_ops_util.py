@@ -73,9 +73,10 @@ def add_while_op(while_net: Any, cond_blob: Any, lexical_scope: Any, loop_body_n
     cond_proto = None
     if condition_body_net is not None:
         cond_in, cond_out = get_external_blob_names(condition_body_net, lexical_scope)
-        if str(cond_blob) not in cond_out:
+        if not any(str(cond_blob) in op.output for op in proto_of(condition_body_net).op):
             raise ModelConfigError(f"the condition net of the While loop must write the "
                                    f"condition blob {cond_blob}.")
+        cond_out.add(str(cond_blob))
         cond_ws = while_net.NextScopedBlob(while_net.Name() + "/workspace_loop_cond")
         cond_proto = _do_net("do_loop_condition_net", condition_body_net, sorted(cond_in),
                              sorted(cond_out), cond_ws)

@@ -1,9 +1,10 @@
 """RunPlan: execution steps over the nets of a PlanDef, with Caffe2's step semantics.
 
 * A step runs its nets (or substeps) ``num_iter`` times; with ``should_stop_blob`` it runs
-  until that bool blob is true (checked before every iteration and after every net or
-  sequential substep); ``only_once`` with a stop blob runs at most one iteration, and an
-  ``only_once`` substep runs only in its parent's first iteration.
+  until that bool blob is true, checked after every net or sequential substep (with
+  ``num_iter`` as well, also before each iteration); ``only_once`` with a stop blob runs at
+  most one iteration, and an ``only_once`` substep runs only in its parent's first
+  iteration.
 * ``concurrent_substeps`` runs the substeps of an iteration in threads.
 * A substep with ``run_every_ms`` is a reporter: it runs every ``run_every_ms`` while its
   siblings run, and once more after they finish.  ``report_net`` runs every
@@ -123,15 +124,18 @@ class _StepRunner:
 
     def _continue(self, workspace: Any, iteration: int,
                   parent_continue: Callable[[], bool]) -> bool:
+        """Whether iteration ``iteration`` runs.  A stop blob alone is checked after each
+        net or substep (as Caffe2 does), not here; with ``num_iter`` too (a dpgraph
+        extension) it is also checked before each iteration."""
         if not parent_continue():
             return False
         step = self.step
         if step.should_stop_blob:
             if step.only_once and iteration > 0:
                 return False
-            if step.HasField("num_iter") and iteration >= step.num_iter:
-                return False
-            return not _should_stop(workspace, step.should_stop_blob)
+            if step.HasField("num_iter"):
+                return iteration < step.num_iter and not self._stopped(workspace)
+            return True
         total = step.num_iter if step.HasField("num_iter") else 1
         return iteration < total
 
@@ -144,28 +148,31 @@ class _StepRunner:
         recurring = [s for s in self.substeps if not s.step.run_every_ms]
         reporters = [s for s in self.substeps if s.step.run_every_ms]
         background = _SubstepReporters(reporters, workspace)
-
-        def keep_going() -> bool:
-            return parent_continue() and not self._stopped(workspace)
-
         try:
             while self._continue(workspace, iteration, parent_continue):
-                first = iteration == 0
-                for name in self.step.network:
-                    _run_net(workspace, name, self.net_defs)
-                    if self._stopped(workspace):
-                        break
-                if self.step.concurrent_substeps and len(recurring) > 1:
-                    _run_threads([lambda s=s, f=first: s.run(workspace, keep_going, f)
-                                  for s in recurring])
-                else:
-                    for sub in recurring:
-                        sub.run(workspace, keep_going, first)
-                        if self._stopped(workspace):
-                            break
+                if self._run_iteration(workspace, recurring, parent_continue,
+                                       first=iteration == 0):
+                    break
                 iteration += 1
         finally:
             background.stop()
+
+    def _run_iteration(self, workspace: Any, recurring: list[_StepRunner],
+                       parent_continue: Callable[[], bool], first: bool) -> bool:
+        """One iteration; True when the stop blob ended the step."""
+        for name in self.step.network:
+            _run_net(workspace, name, self.net_defs)
+            if self._stopped(workspace):
+                return True
+        if self.step.concurrent_substeps and len(recurring) > 1:
+            _run_threads([lambda s=s: s.run(workspace, parent_continue, first)
+                          for s in recurring])
+            return self._stopped(workspace)
+        for sub in recurring:
+            sub.run(workspace, parent_continue, first)
+            if self._stopped(workspace):
+                return True
+        return False
 
 
 class _Reporter:
