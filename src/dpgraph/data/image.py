@@ -176,38 +176,54 @@ def _lighting(values: np.ndarray, params: ImageParams, rng: np.random.Generator
     return values + delta_rgb[::-1].astype(np.float32)
 
 
-def normalize(pixels: np.ndarray, params: ImageParams) -> np.ndarray:
-    """Step 9 on uint8 or float pixels: float32 ``(v - mean[c]) * (1/std[c])``."""
+def normalize(pixels: np.ndarray, params: ImageParams,
+              out: np.ndarray | None = None) -> np.ndarray:
+    """Step 9 on uint8 or float pixels: float32 ``(v - mean[c]) * (1/std[c])``, written
+    into ``out`` when given (a row of the batch, so no extra copy)."""
     channels = pixels.shape[-1]
-    mean = np.asarray(params.mean[:channels], dtype=np.float32)
-    scale = (1.0 / np.asarray(params.std[:channels], dtype=np.float32)).astype(np.float32)
-    return (pixels.astype(np.float32) - mean) * scale
+    if out is None:
+        out = np.empty(pixels.shape, dtype=np.float32)
+    mean = [np.float32(m) for m in params.mean[:channels]]
+    scale = [np.float32(1.0) / np.float32(s) for s in params.std[:channels]]
+    if len(set(mean)) == 1 and len(set(scale)) == 1:  # one pass over the whole crop
+        np.subtract(pixels, mean[0], out=out, dtype=np.float32)
+        np.multiply(out, scale[0], out=out)
+        return out
+    for c in range(channels):  # per channel: long strided inner loops, not length-3 ones
+        np.subtract(pixels[..., c], mean[c], out=out[..., c], dtype=np.float32)
+        np.multiply(out[..., c], scale[c], out=out[..., c])
+    return out
 
 
-def transform(record: ImageRecord, params: ImageParams, rng: np.random.Generator
-              ) -> tuple[np.ndarray, bool]:
-    """The whole pipeline: float32 HWC BGR (uint8 crop for the GPU transform path), and
+def augment(record: ImageRecord, params: ImageParams, rng: np.random.Generator
+            ) -> tuple[np.ndarray, bool]:
+    """Steps 1-8: the crop (a uint8 view, or float32 after colour jitter / lighting) and
     whether decoding failed (the image is then a 224x224 zero image, as in Caffe2)."""
     try:
         image, failed = decode(record, params.channels), False
     except Exception:  # noqa: BLE001  (any decoder failure counts as a decode error)
         zeros = error_image(params.channels)
         image, failed = Image.fromarray(zeros[:, :, 0] if params.channels == 1 else zeros), True
-    return _finish(crop_pixels(image, params, rng), params, rng), failed
-
-
-def _finish(pixels: np.ndarray, params: ImageParams, rng: np.random.Generator) -> np.ndarray:
-    if params.gpu_transform:
-        return np.ascontiguousarray(pixels)
+    pixels = crop_pixels(image, params, rng)
     if (params.color_jitter or params.color_lighting) and not params.is_test \
-            and params.channels == 3:
+            and params.channels == 3 and not params.gpu_transform:
         values = pixels.astype(np.float32)
         if params.color_jitter:
             values = _jitter(values, params, rng)
         if params.color_lighting:
             values = _lighting(values, params, rng)
-        return normalize(values, params)
-    return normalize(pixels, params)
+        return values, failed
+    return pixels, failed
+
+
+def transform(record: ImageRecord, params: ImageParams, rng: np.random.Generator,
+              out: np.ndarray | None = None) -> tuple[np.ndarray, bool]:
+    """The whole pipeline: float32 HWC BGR (the uint8 crop on the GPU-transform path) and
+    whether decoding failed.  ``out`` receives the float result when given."""
+    pixels, failed = augment(record, params, rng)
+    if params.gpu_transform:
+        return np.ascontiguousarray(pixels), failed
+    return normalize(pixels, params, out), failed
 
 
 def error_image(channels: int) -> np.ndarray:

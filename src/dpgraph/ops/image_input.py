@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from dpgraph.data import records as rec
-from dpgraph.data.image import ImageParams, transform
+from dpgraph.data.image import ImageParams, augment, normalize
 from dpgraph.data.prefetch import Prefetcher, decode_pool
 from dpgraph.db import DBReader
 from dpgraph.errors import ArgumentError, DataInputError
@@ -135,13 +135,18 @@ def _parse(value: bytes, cfg: _Config, where: str) -> rec.ImageRecord:
     return rec.parse_tensor_protos(value, cfg.label_type, len(cfg.output_sizes), where)
 
 
-def _one_image(value: bytes, cfg: _Config, seed: np.random.SeedSequence, where: str
+def _one_image(value: bytes, cfg: _Config, seed: int, row: int, where: str
                ) -> tuple[rec.ImageRecord, np.ndarray, bool]:
+    """Parse and augment one image (a decode-pool task); normalising is left to the
+    thread assembling the batch, so it overlaps the decoding of the next images."""
     record = _parse(value, cfg, where)
     params = cfg.params
     if record.bbox is not None:
         params = ImageParams(**{**params.__dict__, "bbox": record.bbox})
-    pixels, failed = transform(record, params, np.random.default_rng(seed))
+    try:
+        pixels, failed = augment(record, params, np.random.default_rng([seed, row]))
+    except ValueError as error:
+        raise DataInputError(f"{where}: {error}") from None
     return record, pixels, failed
 
 
@@ -193,17 +198,24 @@ def _extras(records: list[rec.ImageRecord], cfg: _Config, where: str) -> list[np
 def _produce(reader: DBReader, cfg: _Config, batch_seed: int) -> list[np.ndarray]:
     where = f"ImageInput reading {reader.db.where()}"
     values = reader.read_many(cfg.batch_size)
-    seeds = np.random.SeedSequence(batch_seed).spawn(cfg.batch_size)
+    crop, channels = cfg.params.crop, cfg.params.channels
+    data = np.empty((cfg.batch_size, crop, crop, channels),
+                    dtype=np.uint8 if cfg.gpu_transform else np.float32)
     pool = decode_pool(cfg.threads)
-    futures = [pool.submit(_one_image, value, cfg, seed, f"{where}, record {row}")
-               for row, (value, seed) in enumerate(zip(values, seeds))]
-    results = [future.result() for future in futures]
-    records = [r for r, _, _ in results]
-    errors = sum(failed for _, _, failed in results)
+    futures = [pool.submit(_one_image, value, cfg, batch_seed, row, f"{where}, record {row}")
+               for row, value in enumerate(values)]
+    records, errors = [], 0
+    for row, future in enumerate(futures):
+        record, pixels, failed = future.result()
+        records.append(record)
+        errors += failed
+        if cfg.gpu_transform:
+            data[row] = pixels
+        else:
+            normalize(pixels, cfg.params, data[row])
     if errors / cfg.batch_size > cfg.max_error_ratio:
         raise DataInputError(f"{where}: {errors} of {cfg.batch_size} images failed to decode, "
                              f"more than max_decode_error_ratio {cfg.max_error_ratio}.")
-    data = np.stack([pixels for _, pixels, _ in results])
     if cfg.gpu_transform:
         data = _gpu_transform(data, cfg)
     return [data, _labels(records, cfg, where), *_extras(records, cfg, where)]

@@ -1,0 +1,189 @@
+"""Input pipeline benchmark: ImageInput and TensorProtosDBInput against plain Python loops.
+
+Prints ONE JSON object.  Figures (medians over alternating rounds in one process):
+
+* ``image_input``: images/s of the ``ImageInput`` op (256x256 JPEGs in an LMDB, training
+  mode: scale 256, random 224 crops, mirror, mean/std, batch 32) with ``decode_threads`` 1
+  and 2, against a plain Pillow decode + resize + crop loop in one thread over the same
+  JPEG bytes.  Targets: ``ratio_1_thread`` >= 0.9 and ``ratio_2_threads`` >= 1.6 (on 2 free
+  cores).
+* ``tensor_protos_db_input``: records/s of ``TensorProtosDBInput`` (lmdb_create_example's
+  records: FLOAT [3, 64, 32] + INT32 label, batch 32) against a raw ``lmdb`` cursor +
+  ``TensorProtos.ParseFromString`` loop.  Target: ``ratio`` >= 0.8.
+
+Run: ``python bench/input.py [--images 192] [--rounds 3]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import statistics
+import tempfile
+import time
+from typing import Any
+
+import lmdb
+import numpy as np
+from PIL import Image
+
+from dpgraph import core, workspace
+from dpgraph.proto import caffe2_pb2
+
+DT = caffe2_pb2.TensorProto
+BATCH, SIDE, CROP = 32, 256, 224
+
+
+def _jpegs(count: int) -> list[bytes]:
+    rng = np.random.default_rng(0)
+    out = []
+    y, x = np.mgrid[0:SIDE, 0:SIDE]
+    for _ in range(count):
+        base = np.stack([(x * rng.uniform(0.2, 1) + y * rng.uniform(0.2, 1)) % 256
+                         for _ in range(3)], axis=-1)
+        noise = rng.integers(0, 40, (SIDE, SIDE, 3))
+        buffer = io.BytesIO()
+        Image.fromarray(np.clip(base + noise, 0, 255).astype(np.uint8)).save(
+            buffer, format="JPEG", quality=90)
+        out.append(buffer.getvalue())
+    return out
+
+
+def _write(path: str, values: list[bytes]) -> None:
+    env = lmdb.open(path, map_size=1 << 40)
+    with env.begin(write=True) as txn:
+        for j, value in enumerate(values):
+            txn.put(str(j).encode("ascii"), value)
+    env.close()
+
+
+def _image_records(jpegs: list[bytes]) -> list[bytes]:
+    records = []
+    for j, data in enumerate(jpegs):
+        protos = caffe2_pb2.TensorProtos()
+        image = protos.protos.add(data_type=DT.STRING, dims=[1])
+        image.string_data.append(data)
+        protos.protos.add(data_type=DT.INT32, int32_data=[j % 10])
+        records.append(protos.SerializeToString())
+    return records
+
+
+def pillow_loop(jpegs: list[bytes], rng: np.random.Generator) -> float:
+    """images/s of a plain decode + resize (shorter side 256) + random crop loop."""
+    start = time.perf_counter()
+    for data in jpegs:
+        image = Image.open(io.BytesIO(data)).convert("RGB")
+        width, height = image.size
+        if min(width, height) != SIDE:
+            scale = SIDE / min(width, height)
+            image = image.resize((round(width * scale), round(height * scale)),
+                                 Image.Resampling.BOX)
+        x = int(rng.integers(0, image.size[0] - CROP + 1))
+        y = int(rng.integers(0, image.size[1] - CROP + 1))
+        np.asarray(image.crop((x, y, x + CROP, y + CROP)))
+    return len(jpegs) / (time.perf_counter() - start)
+
+
+def image_input_rate(db: str, threads: int, batches: int) -> float:
+    workspace.ResetWorkspace()
+    workspace.RunOperatorOnce(core.CreateOperator("CreateDB", [], ["reader"], db=db,
+                                                  db_type="lmdb"))
+    net = core.Net(f"image_input_{threads}")
+    net.ImageInput(["reader"], ["data", "label"], batch_size=BATCH, scale=SIDE, crop=CROP,
+                   mirror=1, mean=128.0, std=64.0, is_test=0, decode_threads=threads)
+    workspace.CreateNet(net)
+    workspace.RunNet(net)  # warm-up: starts the prefetch
+    start = time.perf_counter()
+    workspace.RunNet(net, batches)
+    return batches * BATCH / (time.perf_counter() - start)
+
+
+def _tensor_records(count: int) -> list[bytes]:
+    rng = np.random.default_rng(1)
+    records = []
+    for j in range(count):
+        protos = caffe2_pb2.TensorProtos()
+        data = protos.protos.add(data_type=DT.FLOAT, dims=[3, 64, 32])
+        data.float_data.extend(rng.random(3 * 64 * 32).astype(np.float32).tolist())
+        protos.protos.add(data_type=DT.INT32, int32_data=[j % 10])
+        records.append(protos.SerializeToString())
+    return records
+
+
+def raw_lmdb_loop(db: str, passes: int) -> float:
+    env = lmdb.open(db, readonly=True, lock=False)
+    count = 0
+    start = time.perf_counter()
+    with env.begin() as txn:
+        for _ in range(passes):
+            for _, value in txn.cursor():
+                caffe2_pb2.TensorProtos().ParseFromString(value)
+                count += 1
+    rate = count / (time.perf_counter() - start)
+    env.close()
+    return rate
+
+
+def db_input_rate(db: str, records: int, passes: int) -> float:
+    workspace.ResetWorkspace()
+    workspace.RunOperatorOnce(core.CreateOperator("CreateDB", [], ["reader"], db=db,
+                                                  db_type="lmdb"))
+    net = core.Net("db_input")
+    net.TensorProtosDBInput(["reader"], ["data", "label"], batch_size=BATCH)
+    workspace.CreateNet(net)
+    runs = passes * records // BATCH
+    start = time.perf_counter()
+    workspace.RunNet(net, runs)
+    return runs * BATCH / (time.perf_counter() - start)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--images", type=int, default=192)
+    parser.add_argument("--records", type=int, default=2048)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args(argv)
+    workdir = tempfile.mkdtemp(prefix="dpgraph_bench_input_")
+    jpegs = _jpegs(args.images)
+    image_db, tensor_db = os.path.join(workdir, "images"), os.path.join(workdir, "tensors")
+    _write(image_db, _image_records(jpegs))
+    _write(tensor_db, _tensor_records(args.records))
+    rng = np.random.default_rng(0)
+    batches = args.images // BATCH
+    rates: dict[str, list[float]] = {k: [] for k in ("pillow", "t1", "t2", "raw", "op")}
+    for _ in range(args.rounds):
+        rates["pillow"].append(pillow_loop(jpegs, rng))
+        rates["t1"].append(image_input_rate(image_db, 1, batches))
+        rates["t2"].append(image_input_rate(image_db, 2, batches))
+        rates["raw"].append(raw_lmdb_loop(tensor_db, 2))
+        rates["op"].append(db_input_rate(tensor_db, args.records, 2))
+    med = {k: statistics.median(v) for k, v in rates.items()}
+    report = {
+        "benchmark": "input",
+        "cpu_count": os.cpu_count(),
+        "image_input": {
+            "images": args.images, "batch_size": BATCH, "jpeg_side": SIDE, "crop": CROP,
+            "pillow_loop_images_per_s": round(med["pillow"], 1),
+            "decode_threads_1_images_per_s": round(med["t1"], 1),
+            "decode_threads_2_images_per_s": round(med["t2"], 1),
+            "ratio_1_thread": round(med["t1"] / med["pillow"], 3),
+            "ratio_2_threads": round(med["t2"] / med["pillow"], 3),
+            "targets": {"ratio_1_thread": 0.9, "ratio_2_threads": 1.6},
+        },
+        "tensor_protos_db_input": {
+            "records": args.records, "batch_size": BATCH, "record_dims": [3, 64, 32],
+            "raw_lmdb_parse_records_per_s": round(med["raw"], 1),
+            "op_records_per_s": round(med["op"], 1),
+            "ratio": round(med["op"] / med["raw"], 3),
+            "target": 0.8,
+        },
+        "rounds": args.rounds,
+    }
+    print(json.dumps(report))
+    return report
+
+
+if __name__ == "__main__":
+    main()
