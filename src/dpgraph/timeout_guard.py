@@ -1,10 +1,16 @@
 """Caffe2's ``timeout_guard``: kill a process that hangs.
 
-``with CompleteInTimeOrDie(600): ...`` starts a watchdog thread; if the block has not finished
-after ``timeout_secs`` the watchdog logs the stack of every thread and exits the process with
-status 1 (``os._exit``, so a hung thread or a stuck ``atexit`` handler cannot stop it).
-``EuthanizeIfNecessary(timeout_secs)`` does the same for the rest of the process's life, for
-scripts that hang at shutdown.  Tests pass ``exit_fn`` to observe the exit instead.
+``with CompleteInTimeOrDie(600): ...`` starts a daemon watchdog thread.  If the block has not
+finished after ``timeout_secs``, the watchdog logs ``Call did not finish in time. Timeout:
+<t>s PID: <pid>`` and the stack of every thread (logger ``timeout_guard``), starts a
+force-quit thread that prints the caller's stack and calls ``os.abort()`` 10 s later, and
+sends the process SIGINT (a ``KeyboardInterrupt`` in the main thread, so ``finally`` blocks
+and atexit handlers get a chance first).  ``EuthanizeIfNecessary(timeout_secs)`` arms a
+watchdog that is never completed: the process dies if it is still alive by then.
+
+As in Caffe2, ``CompleteInTimeOrDie`` marks the watchdog completed only when the block
+exits normally; a block that raises leaves it armed.  Tests pass ``exit_fn`` to observe the
+timeout instead of signalling and aborting.
 """
 
 from __future__ import annotations
@@ -12,18 +18,17 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Callable, Iterator
 
-logger = logging.getLogger("dpgraph.timeout_guard")
+logger = logging.getLogger("timeout_guard")
 
 ExitFn = Callable[[int], object]
-
-
-def _default_exit(status: int) -> None:
-    os._exit(status)
+FORCE_QUIT_AFTER_SECS = 10.0
 
 
 def _all_thread_stacks() -> str:
@@ -35,53 +40,74 @@ def _all_thread_stacks() -> str:
     return "\n".join(parts)
 
 
+def _force_quit(caller_ident: int | None) -> None:
+    time.sleep(FORCE_QUIT_AFTER_SECS)
+    frame = sys._current_frames().get(caller_ident) if caller_ident is not None else None
+    if frame is not None:
+        print("Caller thread was:\n" + "".join(traceback.format_stack(frame)),
+              file=sys.stderr, flush=True)
+    print("Force quitting the process.", file=sys.stderr, flush=True)
+    os.abort()
+
+
 class WatcherThread(threading.Thread):
-    """A daemon thread that exits the process unless :meth:`complete` is called in time."""
+    """A daemon thread that brings the process down unless :meth:`complete` is called in
+    time (see the module docstring)."""
 
     def __init__(self, timeout_secs: float, exit_fn: ExitFn | None = None) -> None:
-        super().__init__(name="dpgraph-timeout-guard", daemon=True)
+        super().__init__(name="timeout_guard", daemon=True)
         self.timeout_secs = timeout_secs
-        self.exit_fn: ExitFn = exit_fn or _default_exit
+        self.exit_fn = exit_fn
         self.completed = False
         self.fired = False
-        self._done = threading.Event()
+        self.condition = threading.Condition()
+        self.caller_thread = threading.current_thread()
 
     def complete(self) -> None:
         """The guarded work finished: stop watching."""
-        self.completed = True
-        self._done.set()
+        with self.condition:
+            self.completed = True
+            self.condition.notify_all()
 
     def run(self) -> None:
-        if self._done.wait(self.timeout_secs):
-            return
+        deadline = time.monotonic() + self.timeout_secs
+        with self.condition:
+            while not self.completed:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self.condition.wait(left)
+            if self.completed:
+                return
         self.fired = True
-        logger.error("Did not complete within %s s; stacks of all threads:\n%s",
-                     self.timeout_secs, _all_thread_stacks())
-        logger.error("Exiting the process (timeout_guard).")
+        logger.error("Call did not finish in time. Timeout:%ss PID: %s", self.timeout_secs,
+                     os.getpid())
+        logger.error("Stacks of all threads:\n%s", _all_thread_stacks())
         for handler in logging.getLogger().handlers + logger.handlers:
             with contextlib.suppress(Exception):
                 handler.flush()
-        self.exit_fn(1)
+        if self.exit_fn is not None:
+            self.exit_fn(1)
+            return
+        threading.Thread(target=_force_quit, args=(self.caller_thread.ident,),
+                         name="timeout_guard_force_quit", daemon=True).start()
+        os.kill(os.getpid(), signal.SIGINT)
 
 
 @contextlib.contextmanager
 def CompleteInTimeOrDie(timeout_secs: float, exit_fn: ExitFn | None = None
                         ) -> Iterator[WatcherThread]:
-    """Exit the process if the ``with`` block runs longer than ``timeout_secs``."""
+    """Bring the process down if the ``with`` block runs longer than ``timeout_secs``."""
     watcher = WatcherThread(timeout_secs, exit_fn)
     watcher.start()
-    try:
-        yield watcher
-    finally:
-        watcher.complete()
+    yield watcher
+    watcher.complete()
 
 
 def EuthanizeIfNecessary(timeout_secs: float = 120, exit_fn: ExitFn | None = None
                          ) -> WatcherThread:
-    """Exit the process if it is still alive ``timeout_secs`` from now (e.g. hung at exit).
-
-    Returns the watchdog; its :meth:`~WatcherThread.complete` cancels it.
-    """
+    """Bring the process down if it is still alive ``timeout_secs`` from now (e.g. hung at
+    exit).  Returns the watchdog; its :meth:`~WatcherThread.complete` cancels it."""
     watcher = WatcherThread(timeout_secs, exit_fn)
     watcher.start()
     return watcher
