@@ -331,6 +331,63 @@ def _cpu_python_op() -> Any:
     return _build([0, 1], forward=forward, update="momentum")
 
 
+@scenario("cpu_3_python_op")
+def _cpu_python_op_3() -> Any:
+    def double(inputs: Any, outputs: Any) -> None:
+        outputs[0].feed(2 * inputs[0].data)
+
+    def forward(model: Any, loss_scale: float) -> list[Any]:
+        h = brew.fc(model, "data", "h", 4, 3)
+        h2 = model.net.Python(double)([h], ["h2"])
+        dist = model.net.SquaredL2Distance([h2, "target"], "dist")
+        return [model.net.Scale(model.net.AveragedLoss(dist, "loss"), "ls", scale=loss_scale)]
+
+    return _build([0, 1, 2], forward=forward)
+
+
+def _auto_named_forward(model: Any, loss_scale: float) -> list[Any]:
+    """Ops without output names: the net names their outputs from a per-net counter."""
+    hidden = model.net.Relu(brew.fc(model, "data", "fc1", 6, 5))
+    out = brew.fc(model, hidden, "fc2", 5, 3)
+    dist = model.net.SquaredL2Distance([out, "label"])
+    loss = model.net.AveragedLoss(dist)
+    return [model.net.Scale(loss, scale=loss_scale)]
+
+
+@scenario("gpu_3_auto_named_blobs")
+def _gpu_auto_names() -> Any:
+    return _build(range(3), gpu=True, forward=_auto_named_forward)
+
+
+def _lstm_forward(model: Any, loss_scale: float) -> list[Any]:
+    from dpgraph import rnn_cell
+
+    output, _, _, _ = rnn_cell.LSTM(model, "seq", "seq_lengths", ("h0", "c0"), 4, 3,
+                                    scope="lstm")
+    dist = model.net.SquaredL2Distance([model.net.Flatten(output, "flat"), "target"], "dist")
+    return [model.net.Scale(model.net.AveragedLoss(dist, "loss"), "ls", scale=loss_scale)]
+
+
+@scenario("cpu_3_lstm")
+def _cpu_lstm() -> Any:
+    return _build([0, 1, 2], forward=_lstm_forward, update="sgd")
+
+
+@scenario("cpu_4_input_builder")
+def _cpu_input_builder() -> Any:
+    def add_input(model: Any) -> None:
+        model.net.UniformFill([], "data", shape=[8, 6], min=-1.0, max=1.0)
+        model.param_init_net.ConstantFill([], "label", shape=[8, 3], value=0.5)
+
+    import _dpm_updates
+
+    model = model_helper.ModelHelper(name="input_builder")
+    data_parallel_model.Parallelize(model, add_input, _forward("mlp"),
+                                    param_update_builder_fun=_dpm_updates.manual_sgd,
+                                    devices=[3, 0, 2, 1], cpu_device=True)
+    return model
+
+
 # the conformance builders (Caffe2's DPM tests): per-device Iter/LR/WeightedSum
 def _conformance_builders() -> Any:
     """tests/conformance/_dpm_graph_builders.py, loaded by path (not a package)."""
