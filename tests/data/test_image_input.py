@@ -254,3 +254,43 @@ def test_brew_image_input_adds_nhwc2nchw(tmp_path: Path) -> None:
         brew.video_input(model, reader, ["v"])
 
 
+
+
+def test_resnet50_trainer_style_input_on_virtual_gpus(tmp_path: Path) -> None:
+    """resnet50_trainer's input builder: one shared reader of CaffeDatum records,
+    brew.image_input with use_gpu_transform on each GPU, StopGradient, Parallelize."""
+    from dpgraph import data_parallel_model, optimizer
+
+    records = []
+    for j, rgb in enumerate(_images(8)):
+        encoded = jpeg_bytes(rgb)
+        records.append(_caffe_datum(encoded, 3, rgb.shape[0], rgb.shape[1], j % 2)
+                       + b"\x38\x01")  # encoded = true
+    write_lmdb(tmp_path / "db", records)
+    workspace.SetVirtualGpus(2)
+    model = model_helper.ModelHelper(name="resnet_like")
+    reader = model.CreateDB("reader", db=str(tmp_path / "db"), db_type="lmdb")
+
+    def add_image_input(m: model_helper.ModelHelper) -> None:
+        data, _ = brew.image_input(
+            m, reader, ["data", "label"], batch_size=4, output_type="float",
+            use_gpu_transform=True, use_caffe_datum=True, mean_per_channel=None,
+            std_per_channel=None, mean=128.0, std=128.0, scale=36, crop=32, mirror=1,
+            is_test=False)
+        m.StopGradient(data, data)
+
+    def forward(m: model_helper.ModelHelper, loss_scale: float) -> list:
+        pool = brew.average_pool(m, "data", "pool", kernel=32)
+        fc = brew.fc(m, pool, "fc", dim_in=3, dim_out=2)
+        _, loss = m.net.SoftmaxWithLoss([fc, "label"], ["softmax", "loss"])
+        return [m.net.Scale(loss, "scaled_loss", scale=loss_scale)]
+
+    data_parallel_model.Parallelize(model, add_image_input, forward,
+                                    optimizer_builder_fun=lambda m: optimizer.build_sgd(m, 0.1),
+                                    devices=[0, 1])
+    data_parallel_model.RunInitNet(model)
+    data_parallel_model.RunNet(model, 2)
+    data = workspace.FetchBlob("gpu_1/data")
+    assert data.shape == (4, 3, 32, 32) and data.dtype == np.float32
+    assert workspace.FetchBlob("gpu_0/label").dtype == np.int32
+    assert np.abs(data).max() <= 1.0
