@@ -1,0 +1,105 @@
+"""workspace.C: workspace objects, DBs, op schemas, module functions;
+workspace.FillRandomNetworkInputs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dpgraph import core, workspace
+from dpgraph.errors import NotSupportedError, WorkspaceError
+
+C = workspace.C
+
+
+def test_workspace_objects_blobs_nets_and_children() -> None:
+    ws = C.Workspace()
+    ws.create_blob("c_x").feed(np.arange(3, dtype=np.float32))
+    assert "c_x" in ws.blobs and list(ws.blobs) == ["c_x"]
+    np.testing.assert_array_equal(ws.blobs["c_x"].fetch(), [0, 1, 2])
+    assert not workspace.HasBlob("c_x")  # not the current workspace
+    net = core.Net("c_net")
+    net.Scale("c_x", "c_y", scale=2.0)
+    ws.create_net(net).run()
+    np.testing.assert_array_equal(ws.fetch_blob("c_y"), [0, 2, 4])
+    assert net.Name() in ws.nets
+    child = C.Workspace(ws)
+    child.run(core.Net("c_child").Proto())
+    child_net = core.Net("c_child2")
+    child_net.Scale("c_x", "c_z", scale=3.0)
+    child_net.Scale("c_x", "c_x", scale=10.0)
+    child.run(child_net)
+    assert "c_z" in child.blobs and "c_z" not in ws.blobs  # new blobs stay local
+    np.testing.assert_array_equal(ws.fetch_blob("c_x"), [0, 10, 20])  # shared ones
+    with pytest.raises(KeyError):
+        ws.blobs["missing"]
+
+
+def test_current_workspace_object_and_guard() -> None:
+    workspace.FeedBlob("c_cur", np.ones(1))
+    current = C.Workspace.current
+    assert current is C.Workspace.current
+    assert "c_cur" in current.blobs
+    other = C.Workspace()
+    with workspace.WorkspaceGuard(other):
+        workspace.FeedBlob("c_inside", np.ones(1))
+    assert "c_inside" in other.blobs and not workspace.HasBlob("c_inside")
+    assert C.Workspace.current is current
+
+
+def test_create_db_transactions_and_cursors(tmp_path) -> None:
+    path = str(tmp_path / "c.minidb")
+    db = C.create_db("minidb", path, C.Mode.new)
+    txn = db.new_transaction()
+    for i in range(3):
+        txn.put(f"key{i}", f"value{i}".encode())
+    txn.commit()
+    del txn
+    db.close()
+    db = C.create_db("minidb", path, C.Mode.read)
+    cursor = db.new_cursor()
+    cursor.seek_to_first()
+    seen = []
+    while cursor.valid():
+        seen.append((cursor.key(), cursor.value()))
+        cursor.next()
+    assert seen == [(f"key{i}", f"value{i}".encode()) for i in range(3)] or \
+        seen == [(f"key{i}".encode(), f"value{i}".encode()) for i in range(3)]
+    db.close()
+
+
+def test_op_schema_facts() -> None:
+    fc = C.OpSchema.get("FC")
+    assert (fc.min_input, fc.max_input, fc.min_output, fc.max_output) == (3, 3, 1, 1)
+    assert fc.CalculateOutput(3) == 1 and fc.num_inputs_allowed(3)
+    assert not fc.num_inputs_allowed(2) and fc.num_inputs_outputs_allowed(3, 1)
+    assert C.OpSchema.get("Sum").max_input == C.OpSchema.inf
+    assert C.OpSchema.get("NoSuchOp") is None
+    with pytest.raises(NotSupportedError, match="C\\+\\+ internal"):
+        C.memonger_compute_blob_recycling_for_dag
+    assert not hasattr(C, "no_such_name")
+
+
+def test_module_functions_follow_the_current_workspace() -> None:
+    C.feed_blob("c_mod", np.array([1.0]))
+    assert C.has_blob("c_mod") and "c_mod" in C.blobs()
+    assert C.fetch_blob("c_mod").tolist() == [1.0]
+    assert C.current_workspace() == workspace.CurrentWorkspace()
+    assert "FC" in C.registered_operators()
+
+
+def test_fill_random_network_inputs() -> None:
+    net = core.Net("c_fill")
+    net.Concat(["X0", "X1", "X2"], ["concat_out", "split_info"])
+    net.Relu("concat_out", "r")
+    workspace.FillRandomNetworkInputs(net, [[(30, 20)] * 3], [["float"] * 3])
+    x0 = workspace.FetchBlob("X0")
+    assert x0.shape == (30, 20) and x0.dtype == np.float32
+    assert 0.0 <= x0.min() and x0.max() < 1.0
+    with pytest.raises(RuntimeError):
+        workspace.FillRandomNetworkInputs(net, [[(30, 20)]], [["float"]])
+    with pytest.raises(WorkspaceError, match="unknown type"):
+        workspace.FillRandomNetworkInputs(net, [[(2,)] * 3], [["complex"] * 3])
+    workspace.FillRandomNetworkInputs(net, [[(4,)] * 3], [["bool", "int", "long"]])
+    assert set(np.unique(workspace.FetchBlob("X0"))) <= {0, 1}
+    assert workspace.FetchBlob("X2").dtype == np.int64
