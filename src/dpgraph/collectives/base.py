@@ -23,6 +23,7 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 import numpy as np
 
 from dpgraph.errors import CollectiveError, CollectiveTimeoutError, DpgraphError
+from dpgraph.ir.arrays import host
 
 T = TypeVar("T")
 
@@ -76,26 +77,12 @@ class Backend(Protocol):
 
 
 # --- helpers on local device copies ---------------------------------------------------------
-def is_host_array(value: Any) -> bool:
-    return isinstance(value, np.ndarray)
-
-
-def to_host(value: Any) -> np.ndarray:
-    """A numpy view or copy of ``value`` (numpy, CuPy or anything array-like)."""
-    if isinstance(value, np.ndarray):
-        return value
-    get = getattr(value, "get", None)
-    if callable(get) and hasattr(value, "__cuda_array_interface__"):
-        return np.asarray(get())
-    return np.asarray(value)
-
-
 def copy_into(dst: Any, src: Any) -> None:
     """Write ``src`` into the existing buffer ``dst`` (host or device)."""
     if dst is src:
         return
     if isinstance(dst, np.ndarray):
-        np.copyto(dst, to_host(src), casting="no")
+        np.copyto(dst, host(src), casting="no")
     else:  # a CuPy array: ``set`` uploads from the host, ``[...] =`` copies between devices
         if isinstance(src, np.ndarray):
             dst.set(src)
@@ -108,11 +95,11 @@ def local_sum(buffers: Sequence[Any]) -> np.ndarray:
     first = buffers[0]
     if isinstance(first, np.ndarray):
         for other in buffers[1:]:
-            np.add(first, to_host(other), out=first)
+            np.add(first, host(other), out=first)
         return first
-    total = to_host(first).copy()
+    total = host(first).copy()
     for other in buffers[1:]:
-        np.add(total, to_host(other), out=total)
+        np.add(total, host(other), out=total)
     return total
 
 
@@ -211,11 +198,11 @@ class BaseBackend(ABC):
         self._check_open("broadcast")
         check_buffers(buffers, lambda: self._what("broadcast"))
         self._check_root(root, "broadcast")
-        host = to_host(buffers[0])
-        if self.size > 1 and host.size:
-            host = self._contiguous(host)
-            self._run("broadcast", timeout, lambda t: self._broadcast_host(host, root, t))
-        self._scatter_local(buffers, host)
+        staged = host(buffers[0])
+        if self.size > 1 and staged.size:
+            staged = self._contiguous(staged)
+            self._run("broadcast", timeout, lambda t: self._broadcast_host(staged, root, t))
+        self._scatter_local(buffers, staged)
         return buffers
 
     def reduce(self, buffers: Sequence[Any], root: int = 0,
@@ -225,7 +212,7 @@ class BaseBackend(ABC):
         check_buffers(buffers, lambda: self._what("reduce"))
         self._check_root(root, "reduce")
         if self.rank != root:  # the local sum must not clobber a non-root's copies
-            total = local_sum([to_host(buffers[0]).copy(), *buffers[1:]])
+            total = local_sum([host(buffers[0]).copy(), *buffers[1:]])
         else:
             total = self._contiguous(local_sum(buffers))
         if self.size > 1 and total.size:
@@ -238,7 +225,7 @@ class BaseBackend(ABC):
         buffers = list(buffers)
         self._check_open("allgather")
         check_buffers(buffers, lambda: self._what("allgather"))
-        local = np.stack([to_host(b) for b in buffers])
+        local = np.stack([host(b) for b in buffers])
         if self.size == 1:
             return local
         gathered = np.empty((self.size, *local.shape), dtype=local.dtype)
@@ -255,7 +242,7 @@ class BaseBackend(ABC):
             raise CollectiveError(
                 f"{self._what('reduce_scatter')}: the first axis ({rows}) must divide evenly "
                 f"over {self.size} ranks; pad the blob.")
-        total = local_sum([to_host(buffers[0]).copy(), *buffers[1:]])
+        total = local_sum([host(buffers[0]).copy(), *buffers[1:]])
         if self.size > 1 and total.size:
             self._run("reduce_scatter", timeout,
                       lambda t: self._reduce_scatter_host(total, t))

@@ -29,7 +29,7 @@ from dpgraph.collectives.rendezvous import describe_missing, join_world
 from dpgraph.errors import CollectiveError, DeviceError, MissingDependencyError
 
 
-def _cupy() -> tuple[Any, Any]:
+def _cupy_nccl() -> tuple[Any, Any]:
     try:
         import cupy
         from cupy.cuda import nccl
@@ -42,7 +42,7 @@ def _cupy() -> tuple[Any, Any]:
 
 def check_available() -> None:
     """Raise unless CuPy, NCCL and at least one GPU are present."""
-    cupy, _ = _cupy()
+    cupy, _ = _cupy_nccl()
     try:
         count = cupy.cuda.runtime.getDeviceCount()
     except RuntimeError as error:  # CUDARuntimeError: no usable CUDA driver
@@ -119,7 +119,7 @@ class NcclBackend(BaseBackend):
             raise CollectiveError(f"{self._what('nccl')}: two local copies live on one GPU "
                                   f"({list(devices)}); NCCL needs one copy per device.")
         if devices not in self._comms:
-            _, nccl = _cupy()
+            _, nccl = _cupy_nccl()
             self._comms[devices] = nccl.NcclCommunicator.initAll(list(devices))
         return self._comms[devices]
 
@@ -127,7 +127,7 @@ class NcclBackend(BaseBackend):
         """NCCL ``kind`` ("allReduce", "reduce", "bcast") between the local copies, in place."""
         if len(buffers) == 1:
             return
-        cupy, nccl = _cupy()
+        cupy, nccl = _cupy_nccl()
         comms = self._local_comms(buffers)
         dtype = getattr(nccl, _NCCL_TYPES[str(buffers[0].dtype)])
         count = int(buffers[0].size)

@@ -29,7 +29,7 @@ import numpy as np
 
 from dpgraph.errors import DpgraphError, ExportError, MissingDependencyError
 from dpgraph.ir.arguments import arguments_dict
-from dpgraph.ir.proto_io import proto_of
+from dpgraph.ir.proto_io import netdef_of
 from dpgraph.proto import caffe2_pb2
 
 MIN_OPSET = 13
@@ -162,13 +162,6 @@ class OnnxBuilder:
 
     def transpose(self, value: str, perm: Sequence[int], out: str | None = None) -> str:
         return self.node("Transpose", [value], [out] if out else 1, perm=list(perm))[0]
-
-
-def _net_proto(net: Any) -> caffe2_pb2.NetDef:
-    proto = proto_of(net)
-    if not isinstance(proto, caffe2_pb2.NetDef):
-        raise ExportError(f"expected a Net or NetDef, got {type(net).__name__}")
-    return proto
 
 
 def _params(init_net_or_params: Any) -> dict[str, np.ndarray]:
@@ -305,7 +298,7 @@ def to_onnx(predict_net: Any, init_net_or_params: Any, inputs: Mapping[str, Any]
     if not MIN_OPSET <= opset <= onnx.defs.onnx_opset_version():
         raise ExportError(f"opset {opset} is not supported: use {MIN_OPSET} to "
                           f"{onnx.defs.onnx_opset_version()}")
-    proto = _net_proto(predict_net)
+    proto = netdef_of(predict_net, ExportError)
     check_supported(proto)
     params = _params(init_net_or_params)
     specs = _input_specs(inputs)

@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 from google.protobuf.message import DecodeError, Message
 
 from dpgraph.errors import ProtoError
+from dpgraph.proto import caffe2_pb2
 
 M = TypeVar("M", bound=Message)
 
@@ -55,3 +56,11 @@ def write_proto(message: Any, path: str | os.PathLike[str]) -> None:
 def proto_of(obj: Any) -> Any:
     """The protobuf behind a builder (``Net``, ``Plan``, ``ExecutionStep``) or ``obj`` itself."""
     return obj.Proto() if hasattr(obj, "Proto") else obj
+
+
+def netdef_of(net: Any, error: type[Exception] = ProtoError) -> Any:
+    """The ``caffe2.NetDef`` behind a ``Net`` or a NetDef; anything else raises ``error``."""
+    proto = proto_of(net)
+    if not isinstance(proto, caffe2_pb2.NetDef):
+        raise error(f"expected a Net or NetDef, got {type(net).__name__}")
+    return proto

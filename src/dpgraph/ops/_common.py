@@ -1,5 +1,6 @@
 """Helpers shared by the op family modules: TensorProto type codes, host copies of device
-arrays, and the ``shape=`` functions many families use.
+arrays (re-exported from :mod:`dpgraph.ir.arrays`), in-place output buffers, and the
+``shape=`` functions many families use.
 
 Family modules import from here (never from each other) for these, so each helper has one
 definition.
@@ -12,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from dpgraph.ir.arrays import host, is_array, to_host  # noqa: F401  (re-exported: one definition)
 from dpgraph.proto import caffe2_pb2
 
 ShapeResult = list[Any]
@@ -23,22 +25,6 @@ INT32: int = _TensorProto.INT32
 BOOL: int = _TensorProto.BOOL
 INT64: int = _TensorProto.INT64
 FLOAT16: int = _TensorProto.FLOAT16
-
-
-# --- host copies -------------------------------------------------------------------------
-def is_array(value: Any) -> bool:
-    """True for numpy arrays and for CuPy arrays (recognised without importing CuPy)."""
-    return isinstance(value, np.ndarray) or type(value).__module__.startswith("cupy")
-
-
-def to_host(value: Any) -> Any:
-    """``value`` copied off the GPU when it is a CuPy array; any other value unchanged."""
-    return value.get() if type(value).__module__.startswith("cupy") else value
-
-
-def host(value: Any) -> Any:
-    """``value`` as a numpy array (copied off the GPU for CuPy arrays)."""
-    return np.asarray(to_host(value))
 
 
 def scalar_value(value: Any) -> float:

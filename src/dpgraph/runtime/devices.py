@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from dpgraph.errors import ArgumentError, DeviceError
+from dpgraph.ir.arrays import is_array, to_host  # noqa: F401  (re-exported: one definition)
 from dpgraph.ir.device import device_name
 from dpgraph.proto import caffe2_pb2
 
@@ -82,7 +83,7 @@ def virtual_gpu_count() -> int:
     return _state.virtual
 
 
-def _cupy() -> Any:
+def cupy_module() -> Any:
     """The cupy module when CuPy and at least one GPU are present, else ``None``."""
     if _state.real is None:
         with _lock:
@@ -100,7 +101,7 @@ def _cupy() -> Any:
 
 def real_gpu_count() -> int:
     """Real CUDA GPUs visible through CuPy (0 without CuPy or GPUs)."""
-    _cupy()
+    cupy_module()
     return int(_state.real or 0)
 
 
@@ -120,14 +121,14 @@ def GetGpuPeerAccessPattern() -> np.ndarray:
     count = real_gpu_count()
     if count == 0:
         return np.array([])
-    runtime = _cupy().cuda.runtime
+    runtime = cupy_module().cuda.runtime
     return np.array([[i == j or bool(runtime.deviceCanAccessPeer(i, j)) for j in range(count)]
                      for i in range(count)], dtype=bool)
 
 
 def GetCUDAVersion() -> int:
     """The CUDA runtime version of real GPUs; 0 without CUDA (virtual GPUs included)."""
-    return int(_cupy().cuda.runtime.runtimeGetVersion()) if uses_real_gpus() else 0
+    return int(cupy_module().cuda.runtime.runtimeGetVersion()) if uses_real_gpus() else 0
 
 
 def GetCuDNNVersion() -> int:
@@ -159,7 +160,7 @@ def GetDeviceProperties(device_id: int) -> dict[str, Any]:
     if _state.virtual:
         return {"name": f"dpgraph virtual GPU {device_id}", "major": 0, "minor": 0,
                 "total_memory": 0, "multi_processor_count": 0, "virtual": True}
-    props = _cupy().cuda.runtime.getDeviceProperties(device_id)
+    props = cupy_module().cuda.runtime.getDeviceProperties(device_id)
     name = props.get("name", b"")
     return {"name": name.decode() if isinstance(name, bytes) else str(name),
             "major": props.get("major", 0), "minor": props.get("minor", 0),
@@ -197,7 +198,7 @@ def array_module(key: DeviceKey) -> Any:
     check_device(key)
     if is_host(key) or _state.virtual:
         return np
-    return _cupy()
+    return cupy_module()
 
 
 def can_read(reader: DeviceKey, blob: DeviceKey) -> bool:
@@ -217,19 +218,6 @@ def can_read(reader: DeviceKey, blob: DeviceKey) -> bool:
         return False
 
 
-def is_array(value: Any) -> bool:
-    """True for numpy and CuPy arrays (placement matters only for those)."""
-    return isinstance(value, np.ndarray) or (
-        _state.cupy is not None and isinstance(value, _state.cupy.ndarray))
-
-
-def to_host(value: Any) -> Any:
-    """A host (numpy) copy of ``value`` if it is a CuPy array, else ``value`` itself."""
-    if _state.cupy is not None and isinstance(value, _state.cupy.ndarray):
-        return value.get()
-    return value
-
-
 def to_device(value: Any, key: DeviceKey) -> Any:
     """``value`` as an array on placement ``key`` (always a new array)."""
     xp = array_module(key)
@@ -243,7 +231,7 @@ def to_device(value: Any, key: DeviceKey) -> Any:
 def device_context(key: DeviceKey) -> Iterator[None]:
     """Make ``key`` the current CUDA device while a kernel runs (no-op for numpy)."""
     if is_gpu(key) and uses_real_gpus():
-        with _cupy().cuda.Device(key[1]):
+        with cupy_module().cuda.Device(key[1]):
             yield
     else:
         yield
