@@ -93,3 +93,18 @@ def test_record_errors_name_the_db(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match="No such file|cannot open"):
         workspace.RunOperatorOnce(core.CreateOperator(
             "CreateDB", [], ["r3"], db=str(tmp_path / "none"), db_type="lmdb"))
+
+
+def test_record_of_the_wrong_type_names_db_and_key(tmp_path: Path) -> None:
+    workspace.FeedBlob("w", np.ones((2, 3), np.float32))
+    workspace.RunOperatorOnce(core.CreateOperator(
+        "Save", ["w"], [], db=str(tmp_path / "saved"), db_type="lmdb", absolute_path=1))
+    workspace.RunOperatorOnce(core.CreateOperator(
+        "CreateDB", [], ["r"], db=str(tmp_path / "saved"), db_type="lmdb"))
+    before = set(workspace.Blobs())
+    with pytest.raises(RuntimeError, match=r"saved', key b'w#%0'.*not a serialized "
+                                           "TensorProtos") as info:
+        workspace.RunOperatorOnce(core.CreateOperator("TensorProtosDBInput", ["r"], ["a"],
+                                                      batch_size=2))
+    assert "CorruptDataError" in type(info.value).__name__
+    assert set(workspace.Blobs()) == before

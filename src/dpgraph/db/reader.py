@@ -68,16 +68,21 @@ class DBReader:
 
     def read_many(self, count: int) -> list[bytes]:
         """``count`` values read in turn under one lock acquisition."""
+        return self.read_batch(count)[1]
+
+    def read_batch(self, count: int) -> tuple[list[bytes], list[bytes]]:
+        """``(keys, values)`` of ``count`` records read in turn under one lock acquisition."""
         with self._lock:
-            values = []
+            keys, values = [], []
             for _ in range(count):
+                keys.append(self._cursor.key())
                 values.append(self._cursor.value())
                 for _ in range(self.num_shards):
                     self._cursor.next()
                     if not self._cursor.valid():
                         self._to_start()
                         break
-            return values
+            return keys, values
 
     def seek_to_first(self) -> None:
         with self._lock:

@@ -609,15 +609,15 @@ def decode_tensor_protos(data: bytes, where: str = "") -> list[np.ndarray]:
     Python objects).  ``device_detail`` is ignored; a missing data_type means FLOAT."""
     where = where or "TensorProtos record"
     try:
-        return [_fast_tensor(bytes(value), f"{where}, proto {i}")
-                for i, (number, value) in enumerate(
-                    (n, v) for n, v in _fields(bytes(data)) if n == 1)]
-    except (TensorProtoError, ResourceLimitError):
+        parts = [bytes(value) for number, value in _fields(bytes(data)) if number == 1]
+        return [_fast_tensor(part, f"{where}, proto {i}") for i, part in enumerate(parts)]
+    except ResourceLimitError:
         raise
     except Exception as error:
-        raise CorruptDataError(f"{where}: not a serialized TensorProtos ({error}); the record "
-                               "is corrupt or of another type (CaffeDatum? use "
-                               "use_caffe_datum=1 with ImageInput).") from None
+        raise CorruptDataError(
+            f"{where}: not a serialized TensorProtos ({error}); the record is corrupt or of "
+            "another type (a Save record? read it with Load; a CaffeDatum? use ImageInput "
+            "with use_caffe_datum=1).") from None
 
 
 # --- batched decoding of same-layout records -------------------------------------------------
@@ -703,7 +703,8 @@ def _record_layout(data: bytes) -> tuple[list[_Payload], list[tuple[int, int]]] 
     return payloads, gaps
 
 
-def decode_tensor_protos_batch(values: list[bytes], where: str = "") -> list[np.ndarray]:
+def decode_tensor_protos_batch(values: list[bytes], where: str = "",
+                               keys: list[bytes] | None = None) -> list[np.ndarray]:
     """Stack the tensors of many ``TensorProtos`` records: output i is
     ``[len(values)] + dims`` of ``protos[i]``.  Records with the first one's byte layout
     (same structure bytes, payloads at the same offsets) are copied straight from the
@@ -717,7 +718,7 @@ def decode_tensor_protos_batch(values: list[bytes], where: str = "") -> list[np.
         stacked = _stack_payloads(values, first, *layout)
         if stacked is not None:
             return stacked
-    return _stack_slow(values, where)
+    return _stack_slow(values, where, keys)
 
 
 def _stack_payloads(values: list[bytes], first: bytes, payloads: list[_Payload],
@@ -746,21 +747,28 @@ def _stack_payloads(values: list[bytes], first: bytes, payloads: list[_Payload],
     return result
 
 
-def _stack_slow(values: list[bytes], where: str) -> list[np.ndarray]:
-    records = [decode_tensor_protos(v, f"{where or 'record'} {row}")
+def _record_where(where: str, row: int, keys: list[bytes] | None) -> str:
+    key = f", key {keys[row]!r}" if keys is not None else ""
+    return f"{where or 'TensorProtos'}{key} (record {row} of the batch)"
+
+
+def _stack_slow(values: list[bytes], where: str,
+                keys: list[bytes] | None = None) -> list[np.ndarray]:
+    records = [decode_tensor_protos(v, _record_where(where, row, keys))
                for row, v in enumerate(values)]
     count = len(records[0])
     for row, record in enumerate(records):
         if len(record) != count:
-            raise TensorProtoError(f"{where} record {row}: holds {len(record)} TensorProtos, "
-                                   f"the first record of the batch {count}.")
+            raise TensorProtoError(f"{_record_where(where, row, keys)}: holds {len(record)} "
+                                   f"TensorProtos, the first record of the batch {count}.")
     out = []
     for i, sample in enumerate(records[0]):
         batch = np.empty((len(records), *sample.shape), dtype=sample.dtype)
         for row, record in enumerate(records):
             if record[i].shape != sample.shape:
                 raise TensorProtoError(
-                    f"{where} record {row}: proto {i} has dims {list(record[i].shape)}, the "
+                    f"{_record_where(where, row, keys)}: proto {i} has dims "
+                    f"{list(record[i].shape)}, the "
                     f"first record of the batch {list(sample.shape)}; all records must share "
                     "per-output dims.")
             batch[row] = record[i]

@@ -72,12 +72,12 @@ def tensor_protos_db_input(ctx: OpContext) -> Outputs:
     batch_size = ctx.int_arg("batch_size", 0)
     if batch_size < 0:
         raise ArgumentError(ctx.describe(f"batch_size must be >= 0, got {batch_size}."))
-    values = reader.read_many(max(batch_size, 1))
+    keys, values = reader.read_batch(max(batch_size, 1))
     where = f"TensorProtosDBInput reading {reader.db.where()}"
     if batch_size == 0:
-        outputs = decode_tensor_protos(values[0], where)
+        outputs = decode_tensor_protos(values[0], f"{where}, key {keys[0]!r}")
     else:
-        outputs = decode_tensor_protos_batch(values, where)
+        outputs = decode_tensor_protos_batch(values, where, keys)
     if len(outputs) != ctx.num_outputs:
         raise ShapeError(ctx.describe(
             f"the records of {reader.db.where()} hold {len(outputs)} TensorProtos each, the "

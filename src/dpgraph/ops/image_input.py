@@ -197,13 +197,14 @@ def _extras(records: list[rec.ImageRecord], cfg: _Config, where: str) -> list[np
 
 def _produce(reader: DBReader, cfg: _Config, batch_seed: int) -> list[np.ndarray]:
     where = f"ImageInput reading {reader.db.where()}"
-    values = reader.read_many(cfg.batch_size)
+    keys, values = reader.read_batch(cfg.batch_size)
     crop, channels = cfg.params.crop, cfg.params.channels
     data = np.empty((cfg.batch_size, crop, crop, channels),
                     dtype=np.uint8 if cfg.gpu_transform else np.float32)
     pool = decode_pool(cfg.threads)
-    futures = [pool.submit(_one_image, value, cfg, batch_seed, row, f"{where}, record {row}")
-               for row, value in enumerate(values)]
+    futures = [pool.submit(_one_image, value, cfg, batch_seed, row,
+                           f"{where}, key {key!r} (record {row} of the batch)")
+               for row, (key, value) in enumerate(zip(keys, values))]
     records, errors = [], 0
     for row, future in enumerate(futures):
         record, pixels, failed = future.result()
