@@ -193,3 +193,63 @@ def test_storm_and_gftrl_on_a_virtual_gpu_match_cpu():
             optimizer.build_storm(model, 2.0)
         results.append(_train_dense(model, 50))
     np.testing.assert_array_equal(results[0], results[1])
+
+
+def _op_args(op):
+    from dpgraph.ir.arguments import arguments_dict
+
+    return arguments_dict(op.arg)
+
+
+def test_adagrad_final_options_graph():
+    model = _dense_model()
+    opt = optimizer.build_adagrad(model, 0.5, weight_decay=0.01,
+                                  output_effective_lr_and_update=True)
+    updates = {op.input[0]: op for op in model.net.Proto().op if op.type == "Adagrad"}
+    # weight decay is dropped for 1-D params (the bias)
+    assert _op_args(updates["fc_w"])["weight_decay"] == pytest.approx(0.01)
+    assert "weight_decay" not in _op_args(updates["fc_b"])
+    assert list(updates["fc_w"].output) == ["fc_w", "fc_w_squared_sum", "fc_w_effective_lr",
+                                            "fc_w_update"]
+    assert not opt.get_auxiliary_parameters().shared
+    with pytest.raises(Exception, match="not supported"):
+        optimizer.AdagradOptimizer(swa_options={"swa_avg_start_it": 1})
+
+
+def test_row_wise_adagrad_with_counter_graph_and_training():
+    model = _sparse_model()
+    opt = optimizer.build_adagrad(model, 1.0, rowWise=True, counter_halflife=5)
+    aux = opt.get_auxiliary_parameters()
+    assert [str(b) for b in aux.shared] == ["optimizer_iteration"]
+    assert {str(b) for b in aux.local} == {"w_avg_squared_sum", "w_update_counter",
+                                           "w_prev_update_iter"}
+    (counter,) = [op for op in model.net.Proto().op if op.type == "RowWiseCounter"]
+    grad = model.param_to_grad["w"]
+    assert list(counter.input) == ["w_prev_update_iter", "w_update_counter",
+                                   str(grad.indices), "optimizer_iteration"]
+    assert _op_args(counter)["counter_halflife"] == 5
+    fills = {op.output[0]: _op_args(op) for op in model.param_init_net.Proto().op}
+    assert fills["w_update_counter"]["shape"] == [5]
+    w = _train_sparse(model, 2000)
+    np.testing.assert_allclose(w, PERFECT, atol=1e-2)
+    iterations = int(np.asarray(workspace.FetchBlob("optimizer_iteration")).item())
+    assert 1800 < iterations <= 2000  # steps with no picked index are skipped
+    assert np.asarray(workspace.FetchBlob("w_update_counter")).dtype == np.float64
+
+
+def test_adam_final_options_graph():
+    model = _sparse_model()
+    optimizer.build_adam(model, 0.1, enableRAdam=True)
+    (op,) = [op for op in model.net.Proto().op if op.type == "SparseAdam"]
+    assert _op_args(op)["enableRAdam"] == 1
+    assert not any(a.name == "enableRAdam" for o in model.net.Proto().op
+                   if o.type == "LearningRate" for a in o.arg)
+    model = _dense_model()
+    optimizer.build_adam(model, 0.1, use_lr_adaption=True, lr_alpha=0.02)
+    adam = [op for op in model.net.Proto().op if op.type == "Adam"]
+    assert adam[0].output[3] == "fc_w_effective_grad"
+    adaption = [op for op in model.net.Proto().op if op.type == "LearningRateAdaption"]
+    assert len(adaption) == 2 and list(adaption[0].input)[1:] == ["fc_w_grad",
+                                                                  "fc_w_effective_grad"]
+    with pytest.raises(Exception, match="RAdam"):
+        optimizer.build_adam(_sparse_model(), 0.1, rowWise=True, enableRAdam=True)

@@ -155,3 +155,14 @@ def test_ops_have_no_gradient_and_declare_inplace():
         schema = OPERATORS.get(op_type)
         assert schema is not None and schema.gradient is None
         assert (0, 0) in set(map(tuple, schema.inplace))
+
+
+def test_row_wise_counter_decays_by_half_life():
+    cpu = DEVICES[0]
+    prev = np.array([0, 2, 0], np.int64)
+    counter = np.array([0.0, 3.0, 1.0], np.float64)
+    out = _run("RowWiseCounter", [prev, counter, np.array([1, 0, 1], np.int64),
+                                  np.array([6], np.int64)], [0, 1], cpu, counter_halflife=2)
+    np.testing.assert_array_equal(out[0], [6, 6, 0])
+    c1 = 1 + 2 ** (-4 / 2) * 3.0            # first touch of row 1: Δ = 4
+    np.testing.assert_allclose(out[1], [1 + 2 ** (-6 / 2) * 0.0, 1 + 1.0 * c1, 1.0])

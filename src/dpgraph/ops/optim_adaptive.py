@@ -129,3 +129,25 @@ def decay_adagrad(ctx: OpContext) -> Outputs:
     new_v = _as(v + g * g, v)
     step = new_m / c / (np.sqrt(new_v) + eps) + wd * w
     return _as(w + scalar_value(lr) * step, w), new_m, new_v
+
+
+# --- RowWiseCounter --------------------------------------------------------------------------
+@register_op("RowWiseCounter", inputs=4, outputs=2, inplace=[(0, 0), (1, 1)],
+             shape=like_inputs(0, 1))
+def row_wise_counter(ctx: OpContext) -> Outputs:
+    """[prev_iter (int64, rows), counter (double, rows), indices, iter] -> [prev_iter,
+    counter]: for each touched row, counter = 1 + 2^(-Δiter / counter_halflife)·counter
+    (Δiter = iter - prev_iter, at least 0; no decay without a positive halflife), then
+    prev_iter = iter."""
+    prev, counter, indices, iteration = ctx.inputs
+    _same_shape(ctx, 0, 1)
+    idx = check_indices(ctx, indices, np.shape(prev)[0])
+    halflife = ctx.float_arg("counter_halflife", -1.0)
+    neg_log_rho = np.log(2.0) / halflife if halflife > 0 else 0.0
+    current = int(scalar_value(iteration))
+    new_prev, new_counter = writable(ctx, prev, 0, 0), writable(ctx, counter, 1, 1)
+    for row in idx:  # repeated rows see the update of the earlier occurrence
+        delta = max(0, current - int(new_prev[row]))
+        new_prev[row] = current
+        new_counter[row] = 1.0 + np.exp(-delta * neg_log_rho) * new_counter[row]
+    return new_prev, new_counter

@@ -4,14 +4,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from dpgraph.errors import ModelConfigError
+from dpgraph.errors import DpgraphError, ModelConfigError
 from dpgraph.ir.blob import GradientSlice
 from dpgraph.modeling.optimizer.base import (
+    FP16_ENGINES,
     BuildUniqueMutexIter,
     Optimizer,
     current_device,
 )
 from dpgraph.modeling.parameter_info import ParameterInfo
+from dpgraph.proto import caffe2_pb2
+from dpgraph.runtime import api
+
+core_types = caffe2_pb2.TensorProto
 
 
 def _static_rows(param_init_net: Any, param: Any) -> int | None:
@@ -35,75 +40,154 @@ def _row_wise_state(param_init_net: Any, param: Any, name: str) -> Any:
     return param_init_net.ConstantFill(num_rows, name, input_as_shape=1, value=0.0)
 
 
+def _inferred_shape(param_init_net: Any, param: Any) -> list[int] | None:
+    """The param's shape from shape inference over the init net (None when unknown)."""
+    try:
+        shapes, _ = api.InferShapesAndTypes([param_init_net])
+    except DpgraphError:
+        return None
+    shape = shapes.get(str(param))
+    return None if shape is None else [int(d) for d in shape]
+
+
+def _effective_outputs(param: Any, output_effective_lr: bool,
+                       output_effective_lr_and_update: bool) -> list[str]:
+    if output_effective_lr_and_update:
+        return [str(param) + "_effective_lr", str(param) + "_update"]
+    if output_effective_lr:
+        return [str(param) + "_effective_lr"]
+    return []
+
+
 class AdagradOptimizer(Optimizer):
-    """Adagrad: ``h += g^2; param += lr * g / (sqrt(h) + epsilon)`` (lr negative)."""
+    """Adagrad: ``h = decay·h + g²; param += lr·g/(√h + ε)`` (lr negative); sparse and
+    row-wise forms, weight decay (not for 1-D params), LARS, effective-lr outputs and the
+    row-wise update counter of the final Caffe2."""
 
     def __init__(self, alpha: float = 0.01, epsilon: float = 1e-4, decay: float = 1,
-                 policy: str = "fixed", sparse_dedup_aggregator: Any = None,
-                 rowWise: bool = False, engine: str = "", lars: Any = None,
-                 **kwargs: Any) -> None:
+                 weight_decay: float = 0.0, policy: str = "fixed",
+                 sparse_dedup_aggregator: Any = None, rowWise: bool = False, engine: str = "",
+                 lars: Any = None, output_effective_lr: bool = False,
+                 output_effective_lr_and_update: bool = False, pruning_options: Any = None,
+                 swa_options: Any = None, ema_options: Any = None, weight_scale: Any = None,
+                 counter_halflife: int = -1, **kwargs: Any) -> None:
         super().__init__()
         self.alpha = alpha
         self.epsilon = epsilon
         self.decay = decay
+        self.weight_decay = float(weight_decay)
         self.policy = policy
         self.sparse_dedup_aggregator = sparse_dedup_aggregator
         self.rowWise = rowWise
         self.engine = engine
         self.lars = lars
+        self.output_effective_lr = output_effective_lr
+        self.output_effective_lr_and_update = output_effective_lr_and_update
+        self.counter_halflife = counter_halflife
         self.init_kwargs = kwargs
+        for name, option in (("pruning_options", pruning_options),
+                             ("swa_options", swa_options), ("ema_options", ema_options),
+                             ("weight_scale", weight_scale)):
+            if option:
+                raise ModelConfigError(
+                    f"AdagradOptimizer: {name} is not supported by dpgraph (it needs "
+                    "Caffe2's MaskedAdagrad / SWA / EMA / WeightScale ops); drop the option.")
+
+    def _state(self, param_init_net: Any, param: Any, shape: list[int] | None) -> Any:
+        if self.rowWise:
+            if shape is not None:
+                return param_init_net.ConstantFill([], str(param) + "_avg_squared_sum",
+                                                   shape=[shape[0]], value=0.0)
+            return _row_wise_state(param_init_net, param, str(param) + "_avg_squared_sum")
+        if self.engine in FP16_ENGINES and shape is not None:
+            return param_init_net.Float16ConstantFill([], str(param) + "_squared_sum",
+                                                      value=0.0, shape=shape)
+        return param_init_net.ConstantFill([param], str(param) + "_squared_sum", value=0.0)
+
+    def _counter_state(self, param_init_net: Any, param: Any, shape: list[int] | None
+                       ) -> tuple[Any, Any]:
+        rows = shape[0] if shape else _static_rows(param_init_net, param)
+        if rows is None:
+            raise ModelConfigError(
+                f"AdagradOptimizer(counter_halflife=...) needs the row count of {param}; "
+                "create it with a fill op that has a static shape.")
+        counter = param_init_net.ConstantFill([], str(param) + "_update_counter",
+                                              shape=[rows], value=0.0,
+                                              dtype=core_types.DOUBLE)
+        prev_iter = param_init_net.ConstantFill([], str(param) + "_prev_update_iter",
+                                                shape=[rows], value=0,
+                                                dtype=core_types.INT64)
+        return counter, prev_iter
 
     def _run(self, net: Any, param_init_net: Any, param_info: ParameterInfo) -> None:
         param, grad = param_info.blob, param_info.grad
         if self.alpha <= 0:
             return
+        sparse = isinstance(grad, GradientSlice)
         self._clear_local_lr_multiplier()
-        if self.lars is not None and not isinstance(grad, GradientSlice):  # dense only
+        if self.lars is not None and not sparse:
             self._add_lars_multiplier(net, param_init_net, param, grad, self.lars)
-        lr, _ = self.build_lr(net, param_init_net, base_learning_rate=self.alpha,
-                              policy=self.policy, **self.init_kwargs)
-        if self.rowWise:
-            squared_sum = _row_wise_state(param_init_net, param,
-                                          str(param) + "_avg_squared_sum")
-        else:
-            squared_sum = param_init_net.ConstantFill([param], str(param) + "_squared_sum",
-                                                      value=0.0)
+        lr, lr_iteration = self.build_lr(net, param_init_net, base_learning_rate=self.alpha,
+                                         policy=self.policy, **self.init_kwargs)
+        if self.counter_halflife > 0:
+            self._aux_params.shared.append(lr_iteration)
+        shape = _inferred_shape(param_init_net, param)
+        weight_decay = 0.0 if shape is not None and len(shape) == 1 else self.weight_decay
+        squared_sum = self._state(param_init_net, param, shape)
         self._aux_params.local.append(squared_sum)
-        if self.rowWise and not isinstance(grad, GradientSlice):
-            raise ModelConfigError(
-                "If SparseAdagrad with rowWise=True, gradient must be a gradientslice. Please "
-                "ensure that rowWise is not enabled for the dense Adagrad optimizer.")
-        if isinstance(grad, GradientSlice):
-            if self.decay != 1.0:
+        wd_args = {"weight_decay": weight_decay} if weight_decay > 0 else {}
+        if not sparse:
+            if self.rowWise:
                 raise ModelConfigError(
-                    "Decay is not implemented for SparseAdagrad and must be set to 1")
-            grad = self.dedup(net, self.sparse_dedup_aggregator, grad)
-            op = "RowWiseSparseAdagrad" if self.rowWise else "SparseAdagrad"
-            net.__getattr__(op)([param, squared_sum, grad.indices, grad.values, lr],
-                                [param, squared_sum], epsilon=self.epsilon, engine=self.engine)
-        else:
-            net.Adagrad([param, squared_sum, grad, lr], [param, squared_sum],
-                        epsilon=self.epsilon, decay=float(self.decay), engine=self.engine)
+                    "If SparseAdagrad with rowWise=True, gradient must be a gradientslice. "
+                    "Please ensure that rowWise is not enabled for the dense Adagrad "
+                    "optimizer.")
+            extra = _effective_outputs(param, self.output_effective_lr,
+                                       self.output_effective_lr_and_update)
+            net.Adagrad([param, squared_sum, grad, lr], [param, squared_sum, *extra],
+                        epsilon=self.epsilon, decay=float(self.decay), **wd_args,
+                        engine=self.engine)
+            return
+        if self.decay != 1.0:
+            raise ModelConfigError(
+                "Decay is not implemented for SparseAdagrad and must be set to 1")
+        grad = self.dedup(net, self.sparse_dedup_aggregator, grad)
+        if self.counter_halflife > 0:
+            counter, prev_iter = self._counter_state(param_init_net, param, shape)
+            self._aux_params.local.extend([counter, prev_iter])
+            net.RowWiseCounter([prev_iter, counter, grad.indices, lr_iteration],
+                               [prev_iter, counter], counter_halflife=self.counter_halflife)
+        op = "RowWiseSparseAdagrad" if self.rowWise else "SparseAdagrad"
+        net.__getattr__(op)([param, squared_sum, grad.indices, grad.values, lr],
+                            [param, squared_sum], epsilon=self.epsilon, **wd_args,
+                            engine=self.engine)
 
     def scale_learning_rate(self, scale: float) -> None:
         self.alpha *= scale
 
 
 class AdamOptimizer(Optimizer):
-    """Adam with ``<param>_first_moment`` and ``<param>_second_moment`` state."""
+    """Adam with ``<param>_first_moment`` / ``<param>_second_moment`` (row-wise:
+    ``<param>_avg_second_moment``), RAdam for sparse gradients, learning-rate adaption."""
 
     def __init__(self, alpha: float = 0.001, beta1: float = 0.9, beta2: float = 0.999,
-                 epsilon: float = 1e-8, policy: str = "fixed", sparse_dedup_aggregator: Any = None,
-                 rowWise: bool = False, engine: str = "", **kwargs: Any) -> None:
+                 epsilon: float = 1e-8, policy: str = "fixed", use_lr_adaption: bool = False,
+                 lr_alpha: float = 0.01, normalized_lr_adaption: bool = True,
+                 sparse_dedup_aggregator: Any = None, rowWise: bool = False, engine: str = "",
+                 enableRAdam: bool = False, **kwargs: Any) -> None:
         super().__init__()
         self.alpha = alpha
         self.beta1 = beta1
         self.beta2 = beta2
         self.epsilon = epsilon
         self.policy = policy
+        self.use_lr_adaption = use_lr_adaption
+        self.lr_alpha = lr_alpha
+        self.normalized_lr_adaption = normalized_lr_adaption
         self.sparse_dedup_aggregator = sparse_dedup_aggregator
         self.rowWise = rowWise
         self.engine = engine
+        self.enableRAdam = enableRAdam
         self.init_kwargs = kwargs
 
     def _run(self, net: Any, param_init_net: Any, param_info: ParameterInfo) -> None:
@@ -112,28 +196,46 @@ class AdamOptimizer(Optimizer):
             return
         lr, iteration = self.build_lr(net, param_init_net, base_learning_rate=self.alpha,
                                       policy=self.policy, **self.init_kwargs)
-        m1 = param_init_net.ConstantFill([param], param + "_first_moment", value=0.0)
+        m1 = param_init_net.ConstantFill([param], str(param) + "_first_moment", value=0.0)
         if self.rowWise:
-            m2 = _row_wise_state(param_init_net, param, str(param) + "_avg_second_moment")
+            shape = _inferred_shape(param_init_net, param)
+            if shape is not None:
+                m2 = param_init_net.ConstantFill([], str(param) + "_avg_second_moment",
+                                                 shape=[shape[0]], value=0.0)
+            else:
+                m2 = _row_wise_state(param_init_net, param,
+                                     str(param) + "_avg_second_moment")
         else:
-            m2 = param_init_net.ConstantFill([param], param + "_second_moment", value=0.0)
+            m2 = param_init_net.ConstantFill([param], str(param) + "_second_moment", value=0.0)
         self._aux_params.shared.append(iteration)
         self._aux_params.local.append(m1)
         self._aux_params.local.append(m2)
-        if self.rowWise and not isinstance(grad, GradientSlice):
+        sparse = isinstance(grad, GradientSlice)
+        if self.rowWise and not sparse:
             raise ModelConfigError(
                 "If SparseAdam with rowWise=True, gradient must be a gradientslice. Please "
                 "ensure that rowWise is not enabled for the dense Adam optimizer.")
         outputs = [param, m1, m2]
-        if isinstance(grad, GradientSlice):
+        if self.use_lr_adaption:
+            outputs.append(str(param) + "_effective_grad")
+        settings = {"beta1": self.beta1, "beta2": self.beta2, "epsilon": self.epsilon}
+        if sparse:
             grad = self.dedup(net, self.sparse_dedup_aggregator, grad)
-            op = "RowWiseSparseAdam" if self.rowWise else "SparseAdam"
-            net.__getattr__(op)([param, m1, m2, grad.indices, grad.values, lr, iteration],
-                                outputs, beta1=self.beta1, beta2=self.beta2,
-                                epsilon=self.epsilon)
+            if self.rowWise:
+                if self.enableRAdam:
+                    raise ModelConfigError("Currently, RowWiseSparseAdam is not supported "
+                                           "by RAdam!")
+                net.RowWiseSparseAdam([param, m1, m2, grad.indices, grad.values, lr,
+                                       iteration], outputs, **settings)
+            else:
+                net.SparseAdam([param, m1, m2, grad.indices, grad.values, lr, iteration],
+                               outputs, enableRAdam=self.enableRAdam, **settings)
         else:
-            net.Adam([param, m1, m2, grad, lr, iteration], outputs, beta1=self.beta1,
-                     beta2=self.beta2, epsilon=self.epsilon)
+            net.Adam([param, m1, m2, grad, lr, iteration], outputs, **settings)
+        if self.use_lr_adaption:
+            net.LearningRateAdaption(
+                [lr, grad.values if sparse else grad, outputs[3]], [lr],
+                lr_alpha=self.lr_alpha, normalized_lr_adaption=self.normalized_lr_adaption)
 
     def scale_learning_rate(self, scale: float) -> None:
         self.alpha *= scale
