@@ -203,13 +203,13 @@ def _values(proto: Any, data_type: int, count: int, where: str) -> np.ndarray:
     elif proto.HasField("raw_data"):
         dtype = DATA_TYPE_TO_NUMPY[data_type]
         if len(proto.raw_data) != count * dtype.itemsize:
-            raise CorruptDataError(f"{where}: incorrect data size: raw_data holds "
+            raise TensorProtoError(f"{where}: incorrect data size: raw_data holds "
                                    f"{len(proto.raw_data)} bytes for {count} {dtype} values.")
         values = np.frombuffer(proto.raw_data, dtype=dtype.newbyteorder("<")).astype(dtype)
     elif data_type in _BYTE_HOLDER and (proto.HasField("byte_data") or data_type == DT.BYTE):
         dtype = DATA_TYPE_TO_NUMPY[data_type]
         if len(proto.byte_data) != count * dtype.itemsize:
-            raise CorruptDataError(f"{where}: incorrect data size: byte_data holds "
+            raise TensorProtoError(f"{where}: incorrect data size: byte_data holds "
                                    f"{len(proto.byte_data)} bytes for {count} {dtype} values.")
         values = np.frombuffer(proto.byte_data, dtype=dtype.newbyteorder("<")).astype(dtype)
     elif data_type == DT.FLOAT16:
