@@ -15,7 +15,8 @@ from dpgraph.ir.arguments import MakeArgument
 from dpgraph.ir.blob import BlobReference, ScopedBlobReference, ScopedName, blob_name
 from dpgraph.ir.device import DeviceOption, IsGPUDeviceType
 from dpgraph.ir.operator import CreateOperator, RectifyInputOutput
-from dpgraph.ir.registry import OPERATORS
+from dpgraph.ir.python_funcs import python_op_arguments
+from dpgraph.ir.registry import NET_EXTENSIONS, OPERATORS
 from dpgraph.proto import caffe2_pb2
 
 #: ``{net name: {op index: formatted creation stack}}``, shown when an op fails.
@@ -394,18 +395,16 @@ class Net:
     # --- autodiff ----------------------------------------------------------------------
     def AddGradientOperators(self, ys: Any, skip: int = 0) -> dict[BlobReference, Any]:
         """Append the backward pass for ``ys``; return ``{blob: gradient}``."""
-        from dpgraph.autodiff import GetBackwardPass
-        from dpgraph.autodiff.backward import normalize_ys
-
-        ys = normalize_ys(ys)
+        backward_pass = NET_EXTENSIONS.lookup("backward_pass")  # dpgraph.autodiff's
         known = set(self._net.external_input).union(*(op.output for op in self._net.op))
-        unknown = [blob_name(y) for y in ys if blob_name(y) not in known]
+        named = ys if isinstance(ys, (list, tuple, dict)) else []  # others: the pass says why
+        unknown = [blob_name(y) for y in named if blob_name(y) not in known]
         if unknown:
             raise GradientError(
                 f"AddGradientOperators on net {self._net.name!r}: {unknown} is neither the "
                 f"output of an op of this net nor an external input; pass the loss blob(s) "
                 f"the forward pass returns (e.g. the output of AveragedLoss).")
-        grad_ops, input_to_grad = GetBackwardPass(self._net.op[skip:], ys)
+        grad_ops, input_to_grad = backward_pass(self._net.op[skip:], ys)
         self._ExtendOps(grad_ops)
         return input_to_grad
 
@@ -435,8 +434,6 @@ class Net:
                grad_input_indices: Sequence[int] | None = None) -> Callable[..., Any]:
         """A builder for a ``Python`` op running ``f(inputs, outputs)`` (see ops.python_op):
         ``net.Python(f, grad_f)(inputs, outputs, **kwargs)``."""
-        from dpgraph.ops.python_op import python_op_arguments
-
         core_kwargs = python_op_arguments(f, grad_f, python_func_type, pass_workspace)
 
         def build(inputs: Any, outputs: Any = None, **kwargs: Any) -> Any:
