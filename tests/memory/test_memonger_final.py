@@ -228,3 +228,32 @@ def test_share_grad_blobs_on_a_resnext_keeps_loss_and_kept_grad():
     workspace.RunNetOnce(optim)
     np.testing.assert_almost_equal(workspace.FetchBlob("gpu_0/last_out_L10"), loss1, 7)
     np.testing.assert_almost_equal(workspace.FetchBlob(conv_grad), grad1, 7)
+
+
+def test_memonger_mix_cpu_gpu_never_shares_across_devices():
+    workspace.SetVirtualGpus(1)
+    m = ModelHelper(name="mix")
+    gpu = core.DeviceOption(caffe2_pb2.CUDA, 0)
+    cpu = core.DeviceOption(caffe2_pb2.CPU, 0)
+    with core.DeviceScope(gpu):
+        blob = "data"
+        for i in range(4):
+            blob = brew.fc(m, blob, f"fc{i}", dim_in=8, dim_out=8)
+        m.net.CopyGPUToCPU(blob, "fc_cpu_in")
+    with core.DeviceScope(cpu):
+        blob = "fc_cpu_in"
+        for i in range(4, 8):
+            blob = brew.fc(m, blob, f"fc{i}", dim_in=8, dim_out=8)
+        sq = m.net.SquaredL2Distance([blob, "label"], "sq")
+        loss = m.net.AveragedLoss(sq, "loss")
+    m.AddGradientOperators([loss])
+    optim = memonger.share_grad_blobs(m.net, ["loss"], set(m.param_to_grad.values()), "",
+                                      share_activations=True, dont_share_blobs=set())
+    assert len(_blobs(optim)) < len(_blobs(m.net.Proto()))
+    by_device: dict[str, set[int]] = {}
+    for op in optim.op:
+        if op.type in ("CopyGPUToCPU", "CopyCPUToGPU"):
+            continue
+        for b in list(op.input) + list(op.output):
+            by_device.setdefault(b, set()).add(op.device_option.device_type)
+    assert not [b for b, kinds in by_device.items() if len(kinds) > 1]

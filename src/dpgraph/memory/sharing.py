@@ -102,12 +102,26 @@ def pinned_blobs(proto: caffe2_pb2.NetDef) -> set[str]:
     return pinned
 
 
+_TO_CPU = frozenset({"CopyGPUToCPU", "EnsureCPUOutput"})
+
+
+def _output_device(op: caffe2_pb2.OperatorDef) -> tuple[int, int]:
+    """Where an op's outputs live: its device, except copies to the host (CPU:0)."""
+    if op.type in _TO_CPU:
+        return (caffe2_pb2.PROTO_CPU, 0)
+    option = op.device_option
+    if option.device_type == caffe2_pb2.PROTO_CPU:
+        return (caffe2_pb2.PROTO_CPU, 0)  # one host memory, whatever the id
+    return (option.device_type, option.device_id)
+
+
 def plan_slots(ops: OpList, candidates: Iterable[str], sizes: Mapping[str, int] | None = None,
                dag: bool = True) -> list[list[str]]:
     """Linear-scan buffer assignment: each candidate takes, at its first write, a buffer
-    whose previous blob is dead (and, with ``dag``, whose users all precede the writer in
-    the dependency graph) -- best fit by size when sizes are known, else the most recently
-    freed.  Returns the buffers as lists of blobs in assignment order."""
+    on the same device whose previous blob is dead (and, with ``dag``, whose users all
+    precede the writer in the dependency graph) -- best fit by size when sizes are known,
+    else the most recently freed.  Returns the buffers as lists of blobs in assignment
+    order."""
     use = BlobUse.of(ops)
     wanted = {b for b in candidates if use.produced_internally(b)}
     ancestors = hazard_ancestors(ops) if dag else []
@@ -117,21 +131,24 @@ def plan_slots(ops: OpList, candidates: Iterable[str], sizes: Mapping[str, int] 
     slots: list[list[str]] = []
     capacity: list[int] = []
     slot_of: dict[str, int] = {}
+    slot_device: list[tuple[int, int]] = []
     free: list[int] = []
     for i, op in enumerate(ops):
         for b in sorted(release_at.get(i, ())):
             free.append(slot_of[b])
+        device = _output_device(op)
         for b in op.output:
             if b not in wanted or b in slot_of or use.first_write[b] != i:
                 continue
             size = int((sizes or {}).get(b) or 0)
-            eligible = [s for s in free if not dag
-                        or use.accessors[slots[s][-1]] & ~ancestors[i] == 0]
+            eligible = [s for s in free if slot_device[s] == device and (
+                not dag or use.accessors[slots[s][-1]] & ~ancestors[i] == 0)]
             slot = _pick(eligible, capacity, size, sizes is not None)
             if slot is None:
                 slot = len(slots)
                 slots.append([])
                 capacity.append(0)
+                slot_device.append(device)
             else:
                 free.remove(slot)
             slots[slot].append(b)
