@@ -56,6 +56,14 @@ def _check_state(ctx: OpContext, index: int, like: Any, width: int) -> None:
                        f"expected (1, {like.shape[1]}, {width})")
 
 
+def _out_dtype(ctx: OpContext) -> Any:
+    """The dtype results are returned in: the gates' (float16 stays float16; the maths runs in
+    float32), float32 otherwise."""
+    dtype = np.dtype(getattr(ctx.inputs[2 if ctx.op.type.startswith("LSTM") else 1], "dtype",
+                             np.float32))
+    return dtype if dtype.kind == "f" else np.dtype(np.float32)
+
+
 def _carry(valid: Any, new: Any, prev: Any, drop: bool) -> Any:
     """Valid rows take ``new``; invalid rows keep ``prev`` (or 0 with drop_states)."""
     if valid is None:
@@ -104,8 +112,8 @@ def lstm_unit(ctx: OpContext) -> Outputs:
     h = o * xp.tanh(c)
     valid = _valid_rows(ctx, c_prev.shape[1], 3)
     drop = bool(ctx.int_arg("drop_states", 0))
-    return (_carry(valid, h, h_prev, drop).astype(np.float32),
-            _carry(valid, c, c_prev, drop).astype(np.float32))
+    out = _out_dtype(ctx)
+    return (_carry(valid, h, h_prev, drop).astype(out), _carry(valid, c, c_prev, drop).astype(out))
 
 
 @register_op("LSTMUnitGradient", inputs=(8, 9), outputs=3)
@@ -130,8 +138,8 @@ def lstm_unit_gradient(ctx: OpContext) -> Outputs:
         dgates = dgates * valid
         dc_prev = dc_prev * valid + keep * dc * (1.0 - valid)
         dh_prev = keep * dh * (1.0 - valid)
-    return (dh_prev.astype(np.float32), dc_prev.astype(np.float32),
-            dgates.astype(np.float32))
+    out = _out_dtype(ctx)
+    return dh_prev.astype(out), dc_prev.astype(out), dgates.astype(out)
 
 
 def _require_output_grads(g: GradientBuilder, count: int) -> None:
@@ -172,7 +180,8 @@ def gru_unit(ctx: OpContext) -> Outputs:
     u = _sigmoid(xp, gates[..., d:2 * d])
     h = u * h_prev + (1.0 - u) * xp.tanh(gates[..., 2 * d:])
     valid = _valid_rows(ctx, h_prev.shape[1], 2)
-    return (_carry(valid, h, h_prev, bool(ctx.int_arg("drop_states", 0))).astype(np.float32),)
+    drop = bool(ctx.int_arg("drop_states", 0))
+    return (_carry(valid, h, h_prev, drop).astype(_out_dtype(ctx)),)
 
 
 def gru_unit_gradient(ctx: OpContext) -> Outputs:
@@ -191,7 +200,7 @@ def gru_unit_gradient(ctx: OpContext) -> Outputs:
         keep = 0.0 if ctx.int_arg("drop_states", 0) else 1.0
         dgates = dgates * valid
         dh_prev = dh_prev * valid + keep * dh * (1.0 - valid)
-    return dh_prev.astype(np.float32), dgates.astype(np.float32)
+    return dh_prev.astype(_out_dtype(ctx)), dgates.astype(_out_dtype(ctx))
 
 
 def _gru_unit_gradient_maker(g: GradientBuilder) -> None:
