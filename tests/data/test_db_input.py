@@ -108,3 +108,34 @@ def test_record_of_the_wrong_type_names_db_and_key(tmp_path: Path) -> None:
                                                       batch_size=2))
     assert "CorruptDataError" in type(info.value).__name__
     assert set(workspace.Blobs()) == before
+
+
+def test_blobs_queue_db_feeds_tensor_protos_db_input() -> None:
+    """blobs_queue_db_test: string records enqueued into a queue, read through
+    CreateBlobsQueueDB + TensorProtosDBInput."""
+    num_samples, batch_size = 200, 10
+    init_net, net = core.Net("init_net"), core.Net("test_create_blobs_queue_db")
+    queue = init_net.CreateBlobsQueue([], "queue", capacity=num_samples)
+    reader = init_net.CreateBlobsQueueDB([queue], "blobs_queue_db_reader", value_blob_index=0,
+                                         timeout_secs=0.1)
+    workspace.RunNetOnce(init_net)
+    for i in range(num_samples):
+        item = caffe2_pb2.TensorProtos()
+        data = item.protos.add(data_type=caffe2_pb2.TensorProto.STRING)
+        data.string_data.append(f"foo{i}".encode())
+        item.protos.add(data_type=caffe2_pb2.TensorProto.INT32, int32_data=[i])
+        workspace.FeedBlob("blob", item.SerializeToString())
+        workspace.RunOperatorOnce(core.CreateOperator(
+            "SafeEnqueueBlobs", ["queue", "blob"], ["blob", "blob_status"]))
+    net.TensorProtosDBInput([reader], ["image", "label"], batch_size=batch_size)
+    workspace.CreateNet(net)
+    seen = []
+    for _ in range(num_samples // batch_size):
+        workspace.RunNet(net)
+        images, labels = workspace.FetchBlob("image"), workspace.FetchBlob("label")
+        assert len(images) == batch_size == len(labels)
+        for image, label in zip(images, labels):
+            assert image == f"foo{label}".encode()
+        seen.extend(labels.tolist())
+    assert sorted(seen) == list(range(num_samples))
+    workspace.RunOperatorOnce(core.CreateOperator("CloseBlobsQueue", ["queue"], []))

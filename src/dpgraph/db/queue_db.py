@@ -28,13 +28,19 @@ class BlobsQueueCursor(Cursor):
     def __init__(self, db: BlobsQueueDB) -> None:
         self._db = db
         self._key = self._value = b""
-        self._valid = True
-        self.next()
+        self._valid = False
+        self._started = False  # the first record is popped when it is first looked at
+
+    def _start(self) -> None:
+        if not self._started:
+            self._started = True
+            self.next()
 
     def seek_to_first(self) -> None:
         """A queue cannot rewind: a no-op, as in Caffe2."""
 
     def next(self) -> None:
+        self._started = True
         try:
             record = self._db.queue.get(self._db.timeout)
         except Exception:  # noqa: BLE001  (timeout: the cursor ends)
@@ -42,17 +48,21 @@ class BlobsQueueCursor(Cursor):
         if record is None:
             self._valid = False
             return
+        self._valid = True
         self._value = _as_record_bytes(record[self._db.value_index], "value")
         self._key = _as_record_bytes(record[self._db.key_index], "key") \
             if self._db.key_index >= 0 else b""
 
     def key(self) -> bytes:
+        self._start()
         return self._key
 
     def value(self) -> bytes:
+        self._start()
         return self._value
 
     def valid(self) -> bool:
+        self._start()
         return self._valid
 
 

@@ -48,17 +48,21 @@ class DBReader:
     def _to_start(self) -> None:
         self._cursor.seek_to_first()
         for _ in range(self.shard_id):
-            if not self._cursor.valid():
-                break
             self._cursor.next()
+            if not self._cursor.valid():
+                raise DBError(f"{self.db.where()}: Db has fewer rows than shard id "
+                              f"{self.shard_id}; use fewer shards or a bigger DB.")
+
+    def _current(self) -> tuple[bytes, bytes]:
         if not self._cursor.valid():
-            raise DBError(f"{self.db.where()}: Db has fewer rows than shard id "
-                          f"{self.shard_id} (or is empty); nothing to read.")
+            raise DBError(f"{self.db.where()}: no record to read (the DB is empty, or the "
+                          "queue behind it timed out or was closed).")
+        return self._cursor.key(), self._cursor.value()
 
     def read(self) -> tuple[bytes, bytes]:
         """The current ``(key, value)``; then step to this shard's next record."""
         with self._lock:
-            key, value = self._cursor.key(), self._cursor.value()
+            key, value = self._current()
             for _ in range(self.num_shards):
                 self._cursor.next()
                 if not self._cursor.valid():
@@ -75,8 +79,9 @@ class DBReader:
         with self._lock:
             keys, values = [], []
             for _ in range(count):
-                keys.append(self._cursor.key())
-                values.append(self._cursor.value())
+                key, value = self._current()
+                keys.append(key)
+                values.append(value)
                 for _ in range(self.num_shards):
                     self._cursor.next()
                     if not self._cursor.valid():
