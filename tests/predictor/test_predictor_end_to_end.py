@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from dpgraph import core, data_parallel_model, optimizer, workspace
-from dpgraph.export.predictor import WorkspacePredictor
+from dpgraph.export.predictor import WorkspacePredictor, load_predictor
 from dpgraph.export.predictor_exporter import (
     parallel_model_export_meta,
     save_parallel_model,
@@ -108,6 +108,11 @@ def test_minidb_predictor_in_a_fresh_process_is_bitwise_equal(trained):
     out = np.load(trained.tmp / "out.npy")
     assert out.dtype == trained.reference.dtype
     np.testing.assert_array_equal(out, trained.reference)
+    # dpgraph's own loader reads the same DB through the same MetaNetDef reader
+    predictor = load_predictor(path)
+    assert predictor.inputs == ["data"]
+    (own,) = predictor.run({"data": trained.x})
+    np.testing.assert_array_equal(own, trained.reference)
 
 
 def _params(sources):

@@ -169,12 +169,12 @@ class Predictor:
     """A loaded predictor: its own workspace with the parameters, and the predict net."""
 
     def __init__(self, predict_net: caffe2_pb2.NetDef, init_net: caffe2_pb2.NetDef,
-                 name: str = "predictor") -> None:
+                 name: str = "predictor", workspace: Any = None) -> None:
         from dpgraph.runtime import Workspace
 
         self.predict_net = predict_net
         self.init_net = init_net
-        self.workspace = Workspace(name, seed=0)
+        self.workspace = workspace if workspace is not None else Workspace(name, seed=0)
         try:
             self.workspace.run_net_once(init_net)
         except DpgraphError as error:
@@ -217,10 +217,36 @@ class Predictor:
         return [np.asarray(self.workspace.fetch_blob(name)) for name in self.outputs]
 
 
+def load_predictor_db(path: str | os.PathLike[str], db_type: str = "minidb") -> Predictor:
+    """A :class:`Predictor` from a DB written by ``predictor_exporter.save_to_db`` (one
+    MetaNetDef reader shared with the Caffe2 exporter): global-init and predict-init nets
+    run in the predictor's own workspace."""
+    from dpgraph.export.metanet import GetBlobs, GetNet
+    from dpgraph.export.predictor_exporter import predictor_constants as pc
+    from dpgraph.export.predictor_exporter import read_meta_net_def
+    from dpgraph.runtime import Workspace
+
+    ws = Workspace(f"predictor:{Path(path).name}", seed=0)
+    try:
+        meta = read_meta_net_def(ws, os.fspath(path), db_type)
+        ws.run_net_once(GetNet(meta, pc.GLOBAL_INIT_NET_TYPE))
+        ws.run_net_once(GetNet(meta, pc.PREDICT_INIT_NET_TYPE))
+    except DpgraphError as error:
+        raise ExportError(f"cannot load the predictor DB {os.fspath(path)!r}: {error}"
+                          ) from error
+    predictor = Predictor(GetNet(meta, pc.PREDICT_NET_TYPE), caffe2_pb2.NetDef(),
+                          workspace=ws)
+    predictor.inputs = list(GetBlobs(meta, pc.INPUTS_BLOB_TYPE))
+    return predictor
+
+
 def load_predictor(path: str | os.PathLike[str]) -> Predictor:
     """Load ``predict_net.pb`` and ``init_net.pb`` from directory ``path`` into a fresh
-    workspace (:class:`ProtoError` for missing or corrupt files)."""
+    workspace (:class:`ProtoError` for missing or corrupt files); a file ``path`` is read
+    as a ``save_to_db`` minidb (see :func:`load_predictor_db`)."""
     folder = Path(path)
+    if folder.is_file():
+        return load_predictor_db(folder)
     if not folder.is_dir():
         raise ProtoError(f"predictor directory {os.fspath(path)!r} does not exist or is not "
                          f"a directory; it should hold {PREDICT_NET_FILE} and {INIT_NET_FILE}")

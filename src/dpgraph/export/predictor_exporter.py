@@ -204,19 +204,27 @@ def _as_bytes(value: Any) -> bytes:
     return str(value).encode()
 
 
+def read_meta_net_def(ws: Any, filename: str, db_type: str) -> metanet_pb2.MetaNetDef:
+    """Open the DB as ``!!PREDICTOR_DBREADER`` in runtime workspace ``ws`` and parse the
+    ``!!META_NET_DEF`` record (the reader stays open for the global-init net's Load)."""
+    created = ws.run_operators_once([CreateOperator(
+        "CreateDB", [], [predictor_constants.PREDICTOR_DBREADER], db=filename,
+        db_type=db_type)])
+    assert created, f"Failed to create db {filename}"
+    ws.run_operators_once([CreateOperator(
+        "Load", [predictor_constants.PREDICTOR_DBREADER],
+        [predictor_constants.META_NET_DEF])])
+    meta_net_def = metanet_pb2.MetaNetDef()
+    meta_net_def.ParseFromString(_as_bytes(ws.fetch_blob(predictor_constants.META_NET_DEF)))
+    return meta_net_def
+
+
 def load_from_db(filename: str, db_type: str,
                  device_option: caffe2_pb2.DeviceOption | None = None,
                  *args: Any, **kwargs: Any) -> metanet_pb2.MetaNetDef:
     """Open the DB as ``!!PREDICTOR_DBREADER``, load and parse ``!!META_NET_DEF``; every op
     of its nets gets ``device_option`` (default: the current device scope) when given."""
-    created = api.RunOperatorOnce(CreateOperator(
-        "CreateDB", [], [predictor_constants.PREDICTOR_DBREADER], db=filename,
-        db_type=db_type))
-    assert created, f"Failed to create db {filename}"
-    api.RunOperatorOnce(CreateOperator(
-        "Load", [predictor_constants.PREDICTOR_DBREADER], [predictor_constants.META_NET_DEF]))
-    meta_net_def = metanet_pb2.MetaNetDef()
-    meta_net_def.ParseFromString(_as_bytes(api.FetchBlob(predictor_constants.META_NET_DEF)))
+    meta_net_def = read_meta_net_def(api.current(), filename, db_type)
     if device_option is None:
         device_option = scope.CurrentDeviceScope()
     if device_option is not None:
@@ -300,6 +308,6 @@ def save_parallel_model(db_type: str, db_destination: str, model: Any, inputs: I
 
 __all__ = [
     "PredictorExportMeta", "get_meta_net_def", "get_predictor_exporter_helper",
-    "load_from_db", "parallel_model_export_meta", "predictor_constants",
+    "load_from_db", "parallel_model_export_meta", "predictor_constants", "read_meta_net_def",
     "prepare_prediction_net", "save_parallel_model", "save_to_db", "set_model_info",
 ]
