@@ -168,8 +168,12 @@ class WeightDecayBuilder(Optimizer):
     """``grad += weight_decay * param`` with per-device ``ONE_<t>_<id>``/``wd_<t>_<id>``."""
 
     def __init__(self, weight_decay: float) -> None:
-        super().__init__()
+        # As in Caffe2, no Optimizer.__init__: no instance number is taken (the builder
+        # never names blobs after itself) and there are no auxiliary parameters.
         self.weight_decay = weight_decay
+        self._lr_multiplier = None
+        self._local_lr_multiplier = None
+        self._local_lr_multiplier_on_gpu = False
 
     def _run(self, net: Any, param_init_net: Any, param_info: ParameterInfo) -> None:
         dev = current_device()
