@@ -178,3 +178,25 @@ def test_parallel_workers_ids_callbacks_and_queue() -> None:
     assert calls == ["init", "shutdown"]
     assert parallel_workers.global_coordinator._fetcher_id_seq == start_seq + 2
     assert _alive("parallel_workers worker") == []
+
+
+def test_stop_frees_workers_blocked_on_a_full_queue() -> None:
+    workspace.RunOperatorOnce(core.CreateOperator("CreateBlobsQueue", [], ["tiny"],
+                                                  num_blobs=1, capacity=1))
+
+    def worker_fun(worker_id: int) -> None:
+        blob = f"tiny_blob_{worker_id}"
+        workspace.FeedBlob(blob, np.array([worker_id]))
+        workspace.RunOperatorOnce(core.CreateOperator(
+            "SafeEnqueueBlobs", ["tiny", blob], [blob, f"{blob}_status"]))
+
+    coordinator = parallel_workers.init_workers(worker_fun, worker_name="blocked")
+    coordinator.start()
+    deadline = time.time() + 5
+    while len(workspace.FetchBlob("tiny")) < 1 and time.time() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.05)  # both workers are now waiting on the full queue
+    started = time.time()
+    assert coordinator.stop() is True
+    assert time.time() - started < 2.0
+    assert _alive("parallel_workers worker") == []

@@ -20,6 +20,8 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
+from dpgraph.ops.queue import cancel_blocking_waits, forget_cancelled
+
 logger = logging.getLogger("dpgraph.parallel_workers")
 LOG_INT_SECS = 60
 
@@ -107,10 +109,14 @@ class WorkerCoordinator:
 
     def _wait_finish(self, cleanup: Callable | None = None) -> bool:
         print(f"Wait for workers to die: {self._worker_name}")
+        idents = [worker.ident for worker in self._workers]
+        cancel_blocking_waits(idents)  # free workers blocked on a blobs queue
         for worker in self._workers:
             if worker != threading.current_thread():
                 worker.join(5.0)
         success = not any(worker.is_alive() for worker in self._workers)
+        if success:
+            forget_cancelled(idents)
         if success and self._state:
             self._state.cleanup()
         print(f"All workers terminated: {success}")

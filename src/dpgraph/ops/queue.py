@@ -10,6 +10,7 @@ closing wakes every waiter: enqueues then fail, dequeues drain what is left and 
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from typing import Any
 
@@ -18,6 +19,27 @@ import numpy as np
 from dpgraph.errors import DataInputError, QueueClosedError, ShapeError, WorkspaceError
 from dpgraph.ir.registry import register_gradient, register_op
 from dpgraph.ops.context import OpContext, Outputs
+
+
+#: Threads (idents) whose blocking queue waits should give up: worker threads being stopped
+#: by ``parallel_workers``/``data_workers``, so ``stop()`` can join them even when they wait
+#: on a full or empty queue nobody closes.
+_CANCELLED: set[int] = set()
+_POLL_SECONDS = 0.1
+
+
+def cancel_blocking_waits(thread_idents: Any) -> None:
+    """Make the blocking ``put``/``get`` of these threads return as if the queue closed."""
+    _CANCELLED.update(i for i in thread_idents if i is not None)
+
+
+def forget_cancelled(thread_idents: Any) -> None:
+    """Drop finished threads from the cancelled set (idents are reused)."""
+    _CANCELLED.difference_update(thread_idents)
+
+
+def _cancelled() -> bool:
+    return bool(_CANCELLED) and threading.get_ident() in _CANCELLED
 
 
 class BlobsQueue:
@@ -39,14 +61,25 @@ class BlobsQueue:
     def __len__(self) -> int:
         return len(self._items)
 
+    def _wait(self, ready: Any, timeout: float | None) -> bool:
+        """Wait (holding the condition) until ``ready()``, the queue closes or this thread
+        is cancelled; False on timeout."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not (self.closed or ready() or _cancelled()):
+            remaining = _POLL_SECONDS if deadline is None else \
+                min(_POLL_SECONDS, deadline - time.monotonic())
+            if remaining <= 0:
+                return False
+            self._cond.wait(remaining)
+        return True
+
     def put(self, record: tuple[Any, ...], timeout: float | None = None) -> bool:
         """Append ``record``; False if the queue is (or gets) closed."""
         with self._cond:
-            if not self._cond.wait_for(
-                    lambda: self.closed or len(self._items) < self.capacity, timeout):
+            if not self._wait(lambda: len(self._items) < self.capacity, timeout):
                 raise WorkspaceError(f"queue {self.name!r}: enqueue timed out after "
                                      f"{timeout} s (queue full).")
-            if self.closed:
+            if self.closed or _cancelled():
                 return False
             self._items.append(record)
             self._cond.notify_all()
@@ -55,7 +88,7 @@ class BlobsQueue:
     def get(self, timeout: float | None = None) -> tuple[Any, ...] | None:
         """The oldest record; ``None`` once the queue is closed and drained."""
         with self._cond:
-            if not self._cond.wait_for(lambda: self.closed or bool(self._items), timeout):
+            if not self._wait(lambda: bool(self._items), timeout):
                 raise WorkspaceError(f"queue {self.name!r}: dequeue timed out after "
                                      f"{timeout} s (queue empty).")
             if not self._items:
