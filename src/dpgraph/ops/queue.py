@@ -20,7 +20,6 @@ from dpgraph.errors import DataInputError, QueueClosedError, ShapeError, Workspa
 from dpgraph.ir.registry import register_gradient, register_op
 from dpgraph.ops.context import OpContext, Outputs
 
-
 #: Threads (idents) whose blocking queue waits should give up: worker threads being stopped
 #: by ``parallel_workers``/``data_workers``, so ``stop()`` can join them even when they wait
 #: on a full or empty queue nobody closes.
