@@ -83,6 +83,7 @@ def Parallelize(
     shared_model: bool = False,
     combine_spatial_bn: bool = False,
     barrier_net_timeout_sec: float = _DEFAULT_BARRIER_NET_TIMEOUT_SEC,
+    gradient_bucket_mb: float | str | None = None,
 ) -> None:
     """Replicate a model over ``devices`` and add synchronous-SGD gradient all-reduce.
 
@@ -91,6 +92,10 @@ def Parallelize(
     ``NameScope("<prefix>_<id>")``; gradients are summed across devices (reverse param
     order), then ``param_update_builder_fun`` runs per device (or
     ``optimizer_builder_fun`` once).  If anything raises, the model is left unchanged.
+
+    ``gradient_bucket_mb`` (dpgraph's): ``None`` keeps Caffe2's one collective per gradient;
+    a size in MB or ``"auto"`` (from the cost model) packs dense gradients into buckets of
+    about that size, one collective each (see docs/performance.md).
     """
     check_device_scope()  # first, as in Caffe2 (before devices are resolved)
     config = make_config(
@@ -109,6 +114,7 @@ def Parallelize(
         cpu_device=cpu_device, ideep=ideep, num_threads_per_device=num_threads_per_device,
         shared_model=shared_model, combine_spatial_bn=combine_spatial_bn,
         barrier_net_timeout_sec=barrier_net_timeout_sec,
+        gradient_bucket_mb=gradient_bucket_mb,
     )
     parallelize(model_helper_obj, config)
 
@@ -167,6 +173,7 @@ def Parallelize_BMUF(
     num_threads_per_device: int = 4,
     cpu_device: bool = False,
     barrier_net_timeout_sec: float = _DEFAULT_BARRIER_NET_TIMEOUT_SEC,
+    gradient_bucket_mb: float | str | None = None,
 ) -> None:
     """Replicate ``model`` over ``devices`` for blockwise model-update filtering (see
     :mod:`dpgraph.parallel.bmuf`): local updates per device, and a global model update net.
@@ -182,6 +189,7 @@ def Parallelize_BMUF(
         max_concurrent_distributed_ops=max_concurrent_distributed_ops,
         num_threads_per_device=num_threads_per_device, cpu_device=cpu_device,
         barrier_net_timeout_sec=barrier_net_timeout_sec,
+        gradient_bucket_mb=gradient_bucket_mb,
     )
     parallelize_bmuf(model, config, block_learning_rate=block_learning_rate,
                      block_momentum=block_momentum, master_device=master_device,

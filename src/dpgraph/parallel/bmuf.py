@@ -31,6 +31,7 @@ from dpgraph.ir.net import Net
 from dpgraph.parallel import grouping, memory, multihost, replicate
 from dpgraph.parallel._emit import device_option, emit, make_op
 from dpgraph.parallel.allreduce import allreduce_single_host, broadcast
+from dpgraph.parallel.buckets import reduce_in_buckets
 from dpgraph.parallel.config import ParallelConfig
 from dpgraph.parallel.passes import Pass, parallel_pass, run_passes
 from dpgraph.parallel.state import ParallelState, start_attributes
@@ -98,10 +99,11 @@ class BmufState(ParallelState):
 
 
 def _allreduce(view: ParallelState, names: Sequence[str], net: Net) -> None:
-    if view.config.is_multi_host:
-        multihost.allreduce(view, list(names), net)
-    else:
-        allreduce_single_host(view, list(names), net)
+    reducer = multihost.allreduce if view.config.is_multi_host else allreduce_single_host
+    if view.config.gradient_bucket_mb is None:
+        reducer(view, list(names), net)
+    else:  # the params, in buckets (one collective per bucket)
+        reduce_in_buckets(view, list(names), net, reducer, view.config.gradient_bucket_mb)
 
 
 def _broadcast(view: ParallelState, init_net: Net | None, net: Net,

@@ -27,7 +27,6 @@ from typing import Any
 import numpy as np
 
 import dpgraph.ops.bucket  # noqa: F401  (registers GradientBucketPack/Unpack)
-from dpgraph.errors import ParallelizeError
 from dpgraph.ir.blob import BlobReference, GradientSlice
 from dpgraph.parallel._emit import device_option, emit, make_op
 from dpgraph.parallel.state import ParallelState
@@ -72,17 +71,6 @@ class Bucket:
         return f"{BUCKET_PREFIX}{self.index}"
 
 
-def parse_bucket_mb(value: Any) -> float | str | None:
-    """Validate ``gradient_bucket_mb``: None, a positive number of MB, or ``"auto"``."""
-    if value is None or value == "auto":
-        return value
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ParallelizeError(
-            f"gradient_bucket_mb must be None (one collective per gradient, as Caffe2), a "
-            f"positive size in MB (e.g. 25) or 'auto', got {value!r}.")
-    return float(value)
-
-
 def assign_buckets(grads: Sequence[GradInfo], bucket_bytes: float) -> list[Bucket]:
     """Greedy packing in production order; one open bucket per dtype, closed when the next
     gradient would take it past ``bucket_bytes`` (a larger gradient gets its own bucket).
@@ -114,7 +102,7 @@ def _last_writers(net_proto: Any) -> dict[str, int]:
 
 
 def _param_of_grad(state: ParallelState) -> dict[str, str]:
-    """Full grad name -> full param name, for every dense data-parallel gradient."""
+    """Full grad name -> full param name, for every dense gradient."""
     result: dict[str, str] = {}
     for param, grad in state.model.param_to_grad.items():
         if not isinstance(grad, GradientSlice):
@@ -122,29 +110,34 @@ def _param_of_grad(state: ParallelState) -> dict[str, str]:
     return result
 
 
-def gradient_infos(state: ParallelState, names: Sequence[str]
+def gradient_infos(state: ParallelState, names: Sequence[str], net: Any
                    ) -> tuple[list[GradInfo], list[str]]:
-    """``(dense gradients with known size, the other names)`` among ``names``."""
+    """``(dense blobs with known size, the other names)`` among ``names``.
+
+    A blob's size is its own, or its param's, shape in the param init net; its order is the
+    index of the last op of ``net`` writing it (-1 for blobs ``net`` only reads, such as
+    BMUF's params), then its position in ``names``.
+    """
     shapes, types = infer_shapes_and_types([state.model.param_init_net])
-    writers = _last_writers(state.model.net.Proto())
+    writers = _last_writers(net.Proto())
     params = _param_of_grad(state)
     infos, others = [], []
-    for name in names:
+    for position, name in enumerate(names):
         group = state.grouped[name]
         master = group.get(state.master)
         if (len(group) != len(state.devices) or master is None
                 or isinstance(master, GradientSlice)):
             others.append(name)
             continue
-        grad = str(master)
-        param = params.get(grad)
-        shape = shapes.get(param) if param is not None else None
-        if shape is None or grad not in writers:
+        blob = str(master)
+        source = blob if blob in shapes else params.get(blob)
+        if source is None or source not in shapes:
             others.append(name)
             continue
-        dtype = np.dtype(DATA_TYPE_TO_NUMPY.get(types.get(param, 1), np.float32))
-        count = int(np.prod(shape)) if shape else 1
-        infos.append(GradInfo(name, count * dtype.itemsize, dtype.name, writers[grad]))
+        dtype = np.dtype(DATA_TYPE_TO_NUMPY.get(types.get(source, 1), np.float32))
+        count = int(np.prod(shapes[source])) if shapes[source] else 1
+        order = writers.get(blob, -1) * (len(names) + 1) + position
+        infos.append(GradInfo(name, count * dtype.itemsize, dtype.name, order))
     return infos, others
 
 
@@ -159,8 +152,9 @@ def _device_options(state: ParallelState, grad: str) -> dict[int, Any]:
     return options
 
 
-def _register_bucket(state: ParallelState, bucket: Bucket) -> None:
-    """Group the bucket blobs like a gradient so the per-blob reducers can handle them."""
+def _register_bucket(state: ParallelState, bucket: Bucket) -> list[str]:
+    """Group the bucket blobs like a gradient so the per-blob reducers can handle them;
+    returns the full names placed in ``state.blob_to_device`` (removed afterwards)."""
     options = _device_options(state, bucket.grads[0].name)
     group: dict[int, Any] = {}
     for device in state.devices:
@@ -168,6 +162,7 @@ def _register_bucket(state: ParallelState, bucket: Bucket) -> None:
         group[device] = BlobReference(full)
         state.blob_to_device[full] = options[device]
     state.grouped[bucket.name] = group
+    return [str(b) for b in group.values()]
 
 
 def _emit_pack(state: ParallelState, net: Any, bucket: Bucket) -> None:
@@ -186,22 +181,25 @@ def _emit_unpack(state: ParallelState, net: Any, bucket: Bucket, copy: bool) -> 
                           grads, options[device], copy=1 if copy else None))
 
 
-def _ordered_items(buckets: Sequence[Bucket], others: Sequence[str],
+def _ordered_items(buckets: Sequence[Bucket], others: Sequence[str], names: Sequence[str],
                    writers: Mapping[str, int], state: ParallelState) -> list[str]:
-    """Bucket names and per-blob names, in the order they become ready."""
-    items: list[tuple[float, int, str]] = [(b.ready, 0, b.name) for b in buckets]
-    for position, name in enumerate(others):
+    """Bucket names and per-blob names, in the order they become ready (the keys of
+    :func:`gradient_infos`)."""
+    items: list[tuple[int, str]] = [(b.ready, b.name) for b in buckets]
+    position = {name: i for i, name in enumerate(names)}
+    for name in others:
         master = state.grouped[name].get(state.master)
         blob = str(master.values) if isinstance(master, GradientSlice) else str(master)
-        items.append((writers.get(blob, float("inf")), 1 + position, name))
-    items.sort(key=lambda item: (item[0], item[1]))
-    return [name for _, _, name in items]
+        items.append((writers.get(blob, -1) * (len(names) + 1) + position[name], name))
+    items.sort()
+    return [name for _, name in items]
 
 
-def plan_buckets(state: ParallelState, names: Sequence[str], bucket_mb: float | str
-                 ) -> tuple[list[Bucket], list[str]]:
-    """The buckets for ``names`` and the names left to the per-blob path."""
-    infos, others = gradient_infos(state, names)
+def plan_buckets(state: ParallelState, names: Sequence[str], net: Any,
+                 bucket_mb: float | str) -> tuple[list[Bucket], list[str]]:
+    """The buckets for ``names`` reduced in ``net`` and the names left to the per-blob
+    path."""
+    infos, others = gradient_infos(state, names, net)
     if bucket_mb == "auto":
         from dpgraph.parallel.plan.planner import auto_bucket_bytes
 
@@ -218,26 +216,24 @@ def reduce_in_buckets(state: ParallelState, names: Sequence[str], net: Any,
     ``reduce`` is called once, with the bucket names and the per-blob names in the order they
     become ready, so collectives keep one concurrency context.  Returns the buckets.
     """
-    if len(state.devices) == 1 and not _multi_host(state):
+    if len(state.devices) == 1 and not state.config.is_multi_host:
         return []
-    buckets, others = plan_buckets(state, names, bucket_mb)
+    buckets, others = plan_buckets(state, names, net, bucket_mb)
     writers = _last_writers(net.Proto())
-    order = _ordered_items(buckets, others, writers, state)
-    for bucket in buckets:
-        _register_bucket(state, bucket)
+    order = _ordered_items(buckets, others, names, writers, state)
+    placed: list[str] = []
     try:
+        for bucket in buckets:
+            placed += _register_bucket(state, bucket)
         for bucket in buckets:
             _emit_pack(state, net, bucket)
         reduce(state, order, net)
         for bucket in buckets:
             _emit_unpack(state, net, bucket, copy)
-    finally:
+    finally:  # the buckets are not Caffe2 blobs: keep them out of the published groups
         for bucket in buckets:
             state.grouped.pop(bucket.name, None)
-    state.model._gradient_buckets = [[g.name for g in b.grads] for b in buckets]
+        for blob in placed:
+            state.blob_to_device.pop(blob, None)
+    state.model_attrs["_gradient_buckets"] = [[g.name for g in b.grads] for b in buckets]
     return buckets
-
-
-def _multi_host(state: ParallelState) -> bool:
-    rendezvous = state.config.rendezvous
-    return rendezvous is not None and rendezvous.is_multi_host

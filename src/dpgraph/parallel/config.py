@@ -52,6 +52,8 @@ class ParallelConfig:
     shared_model: bool = False
     combine_spatial_bn: bool = False
     barrier_net_timeout_sec: float = DEFAULT_BARRIER_NET_TIMEOUT_SEC
+    #: None: one collective per gradient (Caffe2's graph); MB or "auto": gradient buckets
+    gradient_bucket_mb: float | str | None = None
     # values the facade resolves from the runtime when Parallelize is called
     timeout_sec: float = DEFAULT_TIMEOUT_SEC
     peer_access: tuple[tuple[bool, ...], ...] | None = None
@@ -170,3 +172,14 @@ def check_supported(config: ParallelConfig) -> None:
         )
     if config.combine_spatial_bn and not config.has_parameter_updates:
         raise ParallelizeError("combine_spatial_bn should only be used for train model.")
+    check_bucket_mb(config.gradient_bucket_mb)
+
+
+def check_bucket_mb(value: Any) -> None:
+    """``gradient_bucket_mb``: None, a positive size in MB, or ``"auto"``."""
+    if value is None or value == "auto":
+        return
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not value > 0:
+        raise ParallelizeError(
+            f"gradient_bucket_mb must be None (one collective per gradient, as Caffe2), a "
+            f"positive size in MB (e.g. 25) or 'auto', got {value!r}.")

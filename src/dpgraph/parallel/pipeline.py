@@ -4,7 +4,8 @@
 Order (Caffe2's): validate; replicate input+forward per device; group params; the
 pre-gradient transformer; loss gradients and backward pass; the net transformer;
 (forward-only models stop here); combine SpatialBN; group gradients; broadcast computed
-params; all-reduce gradients (reverse param order); shared-model pruning; updates; blobs to
+params; all-reduce gradients (reverse param order, or in buckets with
+``gradient_bucket_mb``); shared-model pruning; updates; blobs to
 sync; device checks; initial sync; post-sync builder; memory passes; lifecycle nets; barrier;
 shared-model remapping.  On any error the model is restored exactly as it was.
 
@@ -19,6 +20,7 @@ from typing import Any
 
 from dpgraph.parallel import grouping, memory, multihost, replicate, shared_model, sync
 from dpgraph.parallel.allreduce import allreduce_single_host, broadcast_computed_params
+from dpgraph.parallel.buckets import Reducer, reduce_in_buckets
 from dpgraph.parallel.config import ParallelConfig
 from dpgraph.parallel.passes import Pass, parallel_pass, run_passes
 from dpgraph.parallel.spatial_bn import combine_spatial_bn
@@ -97,26 +99,50 @@ def _infer_devices(state: ParallelState) -> None:
     grouping.infer_blob_device(state)
 
 
-@parallel_pass(reads=("grouped", "grad_names", "computed_param_names", "blob_to_device",
-                      "config"),
-               writes=("net", "param_init_net"))
+@parallel_pass(reads=("grouped", "computed_param_names", "blob_to_device", "config"),
+               writes=("net", "param_init_net"),
+               enabled=lambda config: config.broadcast_computed_params)
+def _broadcast_computed_params(state: ParallelState) -> None:
+    """Computed params (SpatialBN statistics) from the master device (and rank 0)."""
+    if state.config.is_multi_host:
+        multihost.broadcast_computed_params(state)
+    else:
+        broadcast_computed_params(state)
+
+
+def gradient_reducer(state: ParallelState) -> Reducer:
+    """The per-blob reducer of this configuration: across hosts, or on this host."""
+    return multihost.allreduce if state.config.is_multi_host else allreduce_single_host
+
+
+@parallel_pass(reads=("grouped", "grad_names", "blob_to_device", "config"),
+               writes=("net", "param_init_net"),
+               enabled=lambda config: config.gradient_bucket_mb is None)
 def _reduce_gradients(state: ParallelState) -> None:
-    """Broadcast computed params, then all-reduce gradients in reverse param order (across
-    hosts too when the rendezvous spans several)."""
-    multi_host = state.config.is_multi_host
-    if state.config.broadcast_computed_params:
-        if multi_host:
-            multihost.broadcast_computed_params(state)
-        else:
-            broadcast_computed_params(state)
+    """All-reduce gradients in reverse param order (across hosts too when the rendezvous
+    spans several), one collective per gradient as in Caffe2."""
     if not state.grad_names:
         log.info("NOTE: Param builder function did not create any parameters.")
         return
     names = list(reversed(state.grad_names))
-    if multi_host:
-        multihost.allreduce(state, names, state.model.net)
-    else:
-        allreduce_single_host(state, names, state.model.net)
+    gradient_reducer(state)(state, names, state.model.net)
+
+
+@parallel_pass(reads=("grouped", "grad_names", "blob_to_device", "config", "net",
+                      "param_init_net", "model"),
+               writes=("net", "param_init_net", "model_attrs"),
+               enabled=lambda config: config.gradient_bucket_mb is not None)
+def _reduce_gradients_in_buckets(state: ParallelState) -> None:
+    """``gradient_bucket_mb``: dense gradients packed into buckets in the order the
+    backward pass produces them, one collective per bucket (see
+    :mod:`dpgraph.parallel.buckets`); sparse ones keep the per-blob path."""
+    if not state.grad_names:
+        log.info("NOTE: Param builder function did not create any parameters.")
+        return
+    assert state.config.gradient_bucket_mb is not None
+    names = list(reversed(state.grad_names))
+    reduce_in_buckets(state, names, state.model.net, gradient_reducer(state),
+                      state.config.gradient_bucket_mb)
 
 
 @parallel_pass(reads=("model",), writes=("model", "all_params_before_prune"),
@@ -192,7 +218,8 @@ BUILD_PASSES: tuple[Pass, ...] = (
 FORWARD_ONLY_PASSES: tuple[Pass, ...] = (_infer_devices, _lifecycle_nets)
 #: Then, for a training model.
 TRAINING_PASSES: tuple[Pass, ...] = (
-    _combine_spatial_bn, _group_gradients, _infer_devices, _reduce_gradients, _prune_shared,
+    _combine_spatial_bn, _group_gradients, _infer_devices, _broadcast_computed_params,
+    _reduce_gradients, _reduce_gradients_in_buckets, _prune_shared,
     _add_updates, sync.register_blobs_to_sync, _infer_devices, _check_operators,
     sync.add_initial_sync, _post_sync, _optimize_gradient_memory, _dynamic_memory_management,
     _lifecycle_nets, _barrier, _remap_shared,
