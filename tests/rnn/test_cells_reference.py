@@ -106,3 +106,34 @@ def test_sequence_lengths_carry_states_past_the_end() -> None:
     dropped = _outputs(problem, True, [0], 0.0, True)
     assert np.all(dropped[0][1:, 1] == 0) and np.all(dropped[3][0, 1] == 0)
     assert np.all(cell_last[0, 1] != 0)
+
+
+@pytest.mark.parametrize("kind", ["lstm", "milstm"])
+def test_memory_optimization_recomputes_gates_with_the_same_gradients(kind: str) -> None:
+    problem = Problem(kind, 3, 2, 3, 3, True, 3, seed=11)
+    plain = _analytic(problem, [0, 3], 0.2, False)
+    recomputed = _analytic(problem, [0, 3], 0.2, False, memory_optimization=True)
+    for name, value in plain.items():
+        np.testing.assert_allclose(recomputed[name], value, rtol=1e-6, atol=1e-7, err_msg=name)
+
+
+def test_layer_norm_lstm_runs_and_refuses_memory_optimization() -> None:
+    from dpgraph import rnn_cell
+    from dpgraph.errors import ModelError
+    from dpgraph.model_helper import ModelHelper
+
+    workspace.ResetWorkspace()
+    model = ModelHelper(name="ln")
+    out = rnn_cell.LayerNormLSTM(model, "x", "lengths", ["h0", "c0"], 2, 4, scope="ln")
+    model.AddGradientOperators([model.net.SumElements(out[0], "loss")])
+    workspace.RunNetOnce(model.param_init_net)
+    rng = np.random.default_rng(0)
+    workspace.FeedBlob("x", rng.standard_normal((3, 2, 2)).astype(np.float32))
+    workspace.FeedBlob("lengths", np.array([3, 2], np.int32))
+    for name in ("h0", "c0"):
+        workspace.FeedBlob(name, rng.standard_normal((1, 2, 4)).astype(np.float32))
+    workspace.RunNetOnce(model.net)
+    assert np.all(np.isfinite(workspace.FetchBlob("ln/gates_t_norm_scale_grad")))
+    with pytest.raises(ModelError, match="recompute"):
+        rnn_cell.LayerNormLSTM(ModelHelper(name="ln2"), "x", "lengths", ["h0", "c0"], 2, 4,
+                               scope="ln", memory_optimization=True)
