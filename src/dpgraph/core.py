@@ -36,6 +36,7 @@ from dpgraph.ir.transforms import (
     InjectDeviceCopiesAmongNetsWithoutB2D,
 )
 from dpgraph.proto import caffe2_pb2
+from dpgraph.runtime.c_api import SetEnginePref, SetGlobalEnginePref, SetOpEnginePref
 
 
 class DataType:
@@ -97,7 +98,8 @@ __all__ = [
     "InjectDeviceCopiesAmongNetsWithoutB2D", "IsGPUDeviceType", "IsOperator",
     "IsOperatorWithEngine",
     "NameScope", "Net",
-    "RefreshRegisteredOperators", "RegisteredOperators", "ScopedBlobReference", "ScopedName",
+    "RefreshRegisteredOperators", "RegisteredOperators", "SetEnginePref",
+    "SetGlobalEnginePref", "SetOpEnginePref", "ScopedBlobReference", "ScopedName",
     "_RectifyInputOutput", "clone_and_bind_net", "device_equal", "device_option_equal",
     "get_op_ids_in_path", "get_output_producers", "get_ssa", "get_undefined_blobs",
     "output_to_list",

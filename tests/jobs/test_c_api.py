@@ -76,7 +76,7 @@ def test_op_schema_facts() -> None:
     assert C.OpSchema.get("Sum").max_input == C.OpSchema.inf
     assert C.OpSchema.get("NoSuchOp") is None
     with pytest.raises(NotSupportedError, match="C\\+\\+ internal"):
-        C.memonger_compute_blob_recycling_for_dag
+        _ = C.memonger_compute_blob_recycling_for_dag
     assert not hasattr(C, "no_such_name")
 
 

@@ -454,3 +454,32 @@ def FillRandomNetworkInputs(net: Any, input_dims: Any, input_types: Any) -> None
             else:
                 value = ws.rng.integers(0, 100, tuple(shape)).astype(dtype)
             ws.feed_blob(name, np.ascontiguousarray(value))
+
+
+# --- engine preferences ------------------------------------------------------------------------
+#: Caffe2's engine preferences; recorded for inspection.  dpgraph runs every engine's ops
+#: with its own kernels, so they do not change which kernel runs.
+ENGINE_PREFS: dict[str, Any] = {"global": {}, "op": {}}
+
+
+def set_global_engine_pref(global_engine_pref: dict[Any, list[str]]) -> None:
+    ENGINE_PREFS["global"] = dict(global_engine_pref)
+
+
+def set_op_engine_pref(op_type: str, op_engine_pref: dict[Any, list[str]]) -> None:
+    ENGINE_PREFS["op"][op_type] = dict(op_engine_pref)
+
+
+def SetEnginePref(op_engine_pref: dict[str, Any], global_engine_pref: dict[Any, Any]) -> None:
+    """``core.SetEnginePref``: per-op then global engine preferences."""
+    for op_type, prefs in op_engine_pref.items():
+        set_op_engine_pref(op_type, prefs)
+    set_global_engine_pref(global_engine_pref)
+
+
+def SetGlobalEnginePref(global_engine_pref: dict[Any, Any]) -> None:
+    set_global_engine_pref(global_engine_pref)
+
+
+def SetOpEnginePref(op_type: str, op_engine_pref: dict[Any, Any]) -> None:
+    set_op_engine_pref(op_type, op_engine_pref)
