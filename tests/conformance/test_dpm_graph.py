@@ -153,15 +153,21 @@ def test_builders_run_per_device_in_device_and_name_scope() -> None:
         assert scope.CurrentDeviceScope() is None
         return build_sgd(model)
 
-    parallelize([2, 5, 7, 9], input_builder_fun=record("in"),
-                forward_pass_builder_fun=record("fwd"), optimizer_builder_fun=opt,
-                post_sync_builder_fun=record("post"))
+    model = parallelize([2, 5, 7, 9], input_builder_fun=record("in"),
+                        forward_pass_builder_fun=record("fwd"), optimizer_builder_fun=opt,
+                        post_sync_builder_fun=record("post"))
+    # dpgraph builds the first two devices with the builders; as the second device's graph
+    # is the first's renamed, devices 7 and 9 are copies (Caffe2 calls the builders for
+    # every device; the graph is the same, see tests/parallel/test_clone.py)
     expected = []
-    for d in (2, 5, 7, 9):
+    for d in (2, 5):
         expected += [("in", f"cpu_{d}/", d, None), ("fwd", f"cpu_{d}/", d, 0.25)]
     expected.append(("opt", "", -1, None))
     expected += [("post", f"cpu_{d}/", d, None) for d in (2, 5, 7, 9)]
     assert seen == expected
+    fcs = [(list(op.input), op.device_option.device_id) for op in ops(model.net, "FC")]
+    assert fcs[:8:2] == [([f"cpu_{d}/data", f"cpu_{d}/fc1_w", f"cpu_{d}/fc1_b"], d)
+                         for d in (2, 5, 7, 9)]
 
 
 def test_loss_gradient_constant_fill() -> None:
@@ -179,9 +185,12 @@ def test_loss_gradient_constant_fill() -> None:
 
 def test_loss_scale_with_rendezvous_shards_formula() -> None:
     scales = []
-    parallelize([0, 1, 2], forward_pass_builder_fun=lambda m, s: scales.append(s) or
-                forward(m, s))
-    assert scales == [pytest.approx(1 / 3)] * 3
+    model = parallelize([0, 1, 2], forward_pass_builder_fun=lambda m, s: scales.append(s) or
+                        forward(m, s))
+    assert scales == [pytest.approx(1 / 3)] * 2  # the third device is a copy of the first
+    loss_scales = [a.f for op in ops(model.net, "Scale") if op.output[0].endswith("/loss_scaled")
+                   for a in op.arg if a.name == "scale"]
+    assert loss_scales == [pytest.approx(1 / 3)] * 3
 
 
 # ---------------------------------------------------------------- gradient all-reduce

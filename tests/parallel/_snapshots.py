@@ -301,16 +301,19 @@ def _resnet_forward(model: Any, loss_scale: float) -> list[Any]:
         bench.STAGES = saved
 
 
-@scenario("gpu_2_resnet_small_momentum")
-def _gpu_resnet() -> Any:
-    workspace.SetVirtualGpus(2)
+def _resnet(devices: list[int], **kwargs: Any) -> Any:
+    workspace.SetVirtualGpus(max(devices) + 1)
     model = model_helper.ModelHelper(name="resnet_small")
     data_parallel_model.Parallelize(
         model, lambda m: None, _resnet_forward,
         optimizer_builder_fun=lambda m: optimizer.build_sgd(m, 0.1, momentum=0.9,
                                                              nesterov=False),
-        devices=[0, 1], combine_spatial_bn=True)
+        devices=devices, **kwargs)
     return model
+
+
+scenario("gpu_2_resnet_small_momentum")(lambda: _resnet([0, 1], combine_spatial_bn=True))
+scenario("gpu_5_resnet_small_momentum")(lambda: _resnet([4, 0, 1, 2, 3]))
 
 
 @scenario("cpu_2_python_op")

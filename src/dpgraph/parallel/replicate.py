@@ -1,4 +1,6 @@
-"""Replication: run the builders once per device, then add the loss gradients."""
+"""Replication: the input and forward builders per device (the first two devices run them,
+the rest are cloned when the second device's build is the first's renamed; see
+:mod:`dpgraph.parallel.clone`), then the loss gradients."""
 
 from __future__ import annotations
 
@@ -10,11 +12,16 @@ from typing import Any
 from dpgraph.errors import ParallelizeError
 from dpgraph.ir import scope
 from dpgraph.ir.blob import BlobReference
+from dpgraph.parallel import clone
 from dpgraph.parallel._emit import device_option
 from dpgraph.parallel.passes import parallel_pass
 from dpgraph.parallel.state import ParallelState
 
 log = logging.getLogger("dpgraph.parallel")
+
+#: Devices from which on Parallelize clones (the first two devices are always built by the
+#: builders, so with two devices there is nothing to clone).
+CLONE_MIN_DEVICES = 3
 
 
 @contextlib.contextmanager
@@ -46,23 +53,69 @@ def _check_losses(losses: Any, device: int) -> None:
             )
 
 
+def _build(state: ParallelState, device: int) -> Any:
+    """Run the input and forward builders in ``device``'s scopes; returns the losses."""
+    config, model = state.config, state.model
+    with device_scopes(state, device):
+        assert config.input_builder_fun and config.forward_pass_builder_fun  # validated
+        config.input_builder_fun(model)
+        losses = config.forward_pass_builder_fun(model, config.loss_scale)
+    if config.has_parameter_updates:
+        _check_losses(losses, device)
+    return losses
+
+
+def _renamer(state: ParallelState, device: int) -> clone.Renamer:
+    config = state.config
+    return clone.Renamer(config.device_prefix, config.devices[0], device, config.device_type)
+
+
+def _recorded_build(state: ParallelState, device: int) -> tuple[Any, clone.Additions | None]:
+    """Build ``device`` while recording what its builders add (``None``: not replayable)."""
+    mark = clone.watch(state.model)
+    losses = _build(state, device)
+    return losses, clone.additions(state.model, mark, losses)
+
+
 @parallel_pass(reads=("config.input_builder_fun", "config.forward_pass_builder_fun"),
                writes=("losses_by_device", "non_datapar_params", "net", "param_init_net",
                        "model"),
                user_code=True)
 def replicate(state: ParallelState) -> None:
-    """Input and forward builders per device; losses collected by device."""
+    """Input and forward builders per device; losses collected by device.
+
+    With more than two devices, the builders run for the first two; when the second
+    device's ops, external blobs, params and losses are exactly the first's renamed, the
+    other devices are copies of the first renamed through a blob-name map (no builder
+    calls); otherwise every device's builders run, as in Caffe2.  Builders that change
+    other model attributes or the workspace, register Python ops or build nested nets are
+    always run per device.  A builder whose graph differs on a later device only (say, an
+    extra op on device 2 but not on devices 0 and 1) must not rely on cloning: Caffe2's
+    data parallelism assumes one graph per device up to renaming.
+    """
     config, model = state.config, state.model
     state.non_datapar_params = list(model.params)
-    for device in config.devices:
-        with device_scopes(state, device):
-            log.info("Model for %s : %s", config.device_name, device)
-            assert config.input_builder_fun and config.forward_pass_builder_fun  # validated
-            config.input_builder_fun(model)
-            losses = config.forward_pass_builder_fun(model, config.loss_scale)
-            if config.has_parameter_updates:
-                _check_losses(losses, device)
+    devices = config.devices
+    template: clone.Additions | None = None
+    for index, device in enumerate(devices):
+        log.info("Model for %s : %s", config.device_name, device)
+        if template is not None and index >= 2:
+            state.losses_by_device[device] = clone.apply(model, template,
+                                                         _renamer(state, device))
+        elif len(devices) >= CLONE_MIN_DEVICES and index == 0:
+            losses, first = _recorded_build(state, device)
             state.losses_by_device[device] = losses
+            template = first if clone.replayable(first) else None
+        elif template is not None and index == 1:
+            losses, second = _recorded_build(state, device)
+            state.losses_by_device[device] = losses
+            expected = clone.clone_for(template, _renamer(state, device))
+            if second is None or not clone.same(expected, second):
+                log.debug("Device %s's build differs from the first's renamed: building "
+                          "every device", device)
+                template = None
+        else:
+            state.losses_by_device[device] = _build(state, device)
 
 
 def add_gradients(state: ParallelState) -> None:
