@@ -1,6 +1,7 @@
 """Caffe2's ``rnn_cell`` module: the RNN cells and the functional LSTM builders."""
 
 from dpgraph import brew, core, scope, utils, workspace
+from dpgraph.modeling.model_helper import ModelHelper
 from dpgraph.modeling.rnn import recurrent
 from dpgraph.modeling.rnn.attention import (
     AttentionType,
@@ -30,20 +31,19 @@ from dpgraph.modeling.rnn.composite import (
     UnrolledCell,
 )
 from dpgraph.modeling.rnn.functional import (
+    _LSTM,
     LSTM,
+    MILSTM,
     BasicRNN,
     GetLSTMParamNames,
     InitFromLSTMParams,
     LayerNormLSTM,
     LayerNormMILSTM,
     LSTMWithAttention,
-    MILSTM,
     _layered_LSTM,
-    _LSTM,
     cudnn_LSTM,
     layered_LSTM,
 )
-from dpgraph.modeling.model_helper import ModelHelper
 
 __all__ = [
     "LSTM", "MILSTM", "AttentionCell", "AttentionType", "BasicRNN", "BasicRNNCell",

@@ -67,8 +67,9 @@ def _lstm_feeds(layers: int, hidden: int) -> dict[str, np.ndarray]:
 def test_multi_layer_matches_unrolled(fn: Any) -> None:
     def build(model: ModelHelper, unroll: int | None) -> list[Any]:
         states = [BlobReference(s) for s in ("h0", "c0", "h1", "c1")]
-        out = fn(model, BlobReference("input"), BlobReference("seq_lengths"), states, dim_in=D_IN, dim_out=[4, 4],
-                 scope="multi", outputs_with_grads=(0, 3), static_rnn_unroll_size=unroll)
+        out = fn(model, BlobReference("input"), BlobReference("seq_lengths"), states,
+                 dim_in=D_IN, dim_out=[4, 4], scope="multi", outputs_with_grads=(0, 3),
+                 static_rnn_unroll_size=unroll)
         return [out[0], out[3]]
 
     _compare(build, _lstm_feeds(2, 4))
@@ -98,7 +99,8 @@ def test_attention_matches_unrolled(attention_type: int) -> None:
                 name="decoder")
         cell = rnn_cell.AttentionCell(
             encoder_output_dim=E, encoder_outputs=BlobReference("encoder_outputs"),
-            encoder_lengths=BlobReference("encoder_lengths"), decoder_cell=decoder, decoder_state_dim=H,
+            encoder_lengths=BlobReference("encoder_lengths"), decoder_cell=decoder,
+            decoder_state_dim=H,
             name="attention", attention_type=attention_type,
             weighted_encoder_outputs=None, attention_memory_optimization=True)
         initial = [BlobReference(s) for s in ("h0", "c0", "awec0")]

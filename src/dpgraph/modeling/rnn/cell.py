@@ -111,7 +111,8 @@ class RNNCell:
 
     def _rectify_apply_inputs(self, input_t: Any, seq_lengths: Any, states: Any, timestep: Any,
                               extra_inputs: Any) -> tuple[Any, Any, Any, Any, Any]:
-        input_t, seq_lengths, timestep = _RectifyNames([input_t, seq_lengths, timestep])
+        input_t, seq_lengths, timestep = (_RectifyName(b) for b in (input_t, seq_lengths,
+                                                                    timestep))
         states = _RectifyNames(states)
         if extra_inputs:
             names, sizes = zip(*extra_inputs)

@@ -43,7 +43,7 @@ def _LSTM(cell_class: Any, model: Any, input_blob: Any, seq_lengths: Any, initia
                         name=scope if num_layers == 1 else None, forward_only=forward_only,
                         drop_states=drop_states, **cell_kwargs)
              for i in range(num_layers)]
-    cell = MultiRNNCell(cells, name=scope, forward_only=forward_only) if num_layers > 1 \
+    cell: Any = MultiRNNCell(cells, name=scope, forward_only=forward_only) if num_layers > 1 \
         else cells[0]
     if static_rnn_unroll_size is not None:
         cell = UnrolledCell(cell, static_rnn_unroll_size)

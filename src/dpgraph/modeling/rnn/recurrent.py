@@ -20,8 +20,8 @@ from typing import Any
 from dpgraph.autodiff import GRADIENT_REGISTRY, IR
 from dpgraph.autodiff.registry import normalize_gradient
 from dpgraph.errors import ModelError
-from dpgraph.ir.arguments import MakeArgument
 from dpgraph.ir.analysis import get_ssa, get_undefined_blobs
+from dpgraph.ir.arguments import MakeArgument
 from dpgraph.ir.blob import BlobReference, GradientSlice, blob_name
 from dpgraph.ir.net import Net
 from dpgraph.proto import caffe2_pb2
