@@ -36,7 +36,12 @@ from dpgraph.ir.transforms import (
     InjectDeviceCopiesAmongNetsWithoutB2D,
 )
 from dpgraph.proto import caffe2_pb2
-from dpgraph.runtime.c_api import SetEnginePref, SetGlobalEnginePref, SetOpEnginePref
+from dpgraph.runtime.c_api import (
+    SetEnginePref,
+    SetGlobalEnginePref,
+    SetOpEnginePref,
+    TriggerLazyImport,
+)
 
 
 class DataType:
@@ -67,8 +72,10 @@ def RegisteredOperators() -> list[str]:
     return OPERATORS.types()
 
 
-def RefreshRegisteredOperators() -> None:
-    """Nothing to refresh: dpgraph's registry is always current."""
+def RefreshRegisteredOperators(trigger_lazy: bool = True) -> None:
+    """dpgraph's registry is always current; runs the lazy imports (lazy_dyndep)."""
+    if trigger_lazy:
+        TriggerLazyImport()
 
 
 def CreatePythonOperator(f: Any, inputs: Any, outputs: Any, grad_f: Any = None,

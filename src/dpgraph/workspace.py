@@ -16,7 +16,6 @@ from dpgraph.runtime.api import (
     BenchmarkNet,
     Blobs,
     CreateBlob,
-    CreateNet,
     CurrentWorkspace,
     DeserializeBlob,
     FeedBlob,
@@ -47,7 +46,12 @@ from dpgraph.runtime.api import (
     Workspaces,
     blobs,
 )
-from dpgraph.runtime.c_api import FillRandomNetworkInputs, SwitchWorkspace, WorkspaceGuard
+from dpgraph.runtime.c_api import (
+    CreateNet,
+    FillRandomNetworkInputs,
+    SwitchWorkspace,
+    WorkspaceGuard,
+)
 from dpgraph.runtime.devices import (
     GetCUDAVersion,
     GetCuDNNVersion,

@@ -483,3 +483,24 @@ def SetGlobalEnginePref(global_engine_pref: dict[Any, Any]) -> None:
 
 def SetOpEnginePref(op_type: str, op_engine_pref: dict[Any, Any]) -> None:
     set_op_engine_pref(op_type, op_engine_pref)
+
+
+# --- lazy imports (Caffe2's ``lazy`` module) ---------------------------------------------------
+_LAZY_IMPORTS: list[Any] = []
+
+
+def RegisterLazyImport(lazy: Any) -> None:
+    """Register a function to call before operators are looked up."""
+    _LAZY_IMPORTS.append(lazy)
+
+
+def TriggerLazyImport() -> None:
+    """Call every registered lazy-import function."""
+    for lazy in list(_LAZY_IMPORTS):
+        lazy()
+
+
+def CreateNet(net: Any, overwrite: bool = False, input_blobs: Any = None) -> bool:
+    """``workspace.CreateNet``: triggers the lazy imports first, as Caffe2's does."""
+    TriggerLazyImport()
+    return api.CreateNet(net, overwrite, input_blobs)
