@@ -26,7 +26,9 @@ def _same_shape(ctx: OpContext, *indices: int) -> None:
 
 
 def _as(x: Any, like: Any) -> Any:
-    return np.asarray(x).astype(np.asarray(like).dtype, copy=False)
+    """``x`` in ``like``'s dtype (numpy or CuPy arrays alike; Python scalars too)."""
+    dtype = like.dtype if hasattr(like, "dtype") else np.asarray(like).dtype
+    return x.astype(dtype, copy=False) if hasattr(x, "astype") else np.asarray(x, dtype)
 
 
 # --- Storm -----------------------------------------------------------------------------------
@@ -34,7 +36,7 @@ def _storm_rate(ctx: OpContext, grad_sq_sum: Any, grad: Any, lr: Any) -> tuple[f
                                                                                   float]:
     """(new G, normalised lr, momentum coefficient a) of one STORM step."""
     momentum, beta = ctx.float_arg("momentum", 10.0), ctx.float_arg("beta", 0.1)
-    new_g = scalar_value(grad_sq_sum) + float((np.asarray(grad, np.float64) ** 2).sum())
+    new_g = scalar_value(grad_sq_sum) + float((grad.astype(np.float64) ** 2).sum())
     nlr = scalar_value(lr) * (beta + new_g) ** (-1.0 / 3.0)
     return new_g, nlr, momentum * nlr * nlr
 
@@ -51,7 +53,7 @@ def storm(ctx: OpContext) -> Outputs:
     w, m, gsq, g, lr = ctx.inputs
     new_g, nlr, a = _storm_rate(ctx, gsq, g, lr)
     new_m = _as(g + (1 - a) * (m - g), m)
-    return _as(w + nlr * new_m, w), new_m, _as(np.full(np.shape(gsq), new_g), gsq)
+    return _as(w + nlr * new_m, w), new_m, _as(ctx.xp.full(np.shape(gsq), new_g), gsq)
 
 
 @register_op("SparseStorm", inputs=6, outputs=3, inplace=[(0, 0), (1, 1), (2, 2)],
@@ -69,7 +71,7 @@ def sparse_storm(ctx: OpContext) -> Outputs:
         r, gr = idx[layer], rows[layer]
         new_m[r] = _as(gr + (1 - a) * (new_m[r] - gr), m)
         new_w[r] = _as(new_w[r] + nlr * new_m[r], w)
-    return new_w, new_m, _as(np.full(np.shape(gsq), new_g), gsq)
+    return new_w, new_m, _as(ctx.xp.full(np.shape(gsq), new_g), gsq)
 
 
 # --- GFtrl -----------------------------------------------------------------------------------
