@@ -90,7 +90,8 @@ class _Backward:
             for j, blob in enumerate(op.output):
                 if blob in externals and blob not in op.input:
                     added.output[j] = blob + "_accum"
-                    self.net.Sum([blob, blob + "_accum"], [blob])
+                    total = BlobReference(blob)  # a reference: no NameScope added
+                    self.net.Sum([total, BlobReference(blob + "_accum")], [total])
 
 
 def _unzip(triples: Sequence[Triple]) -> tuple[list[str], list[str], list[int]]:
