@@ -132,11 +132,7 @@ def crop_pixels(image: Image.Image, params: ImageParams, rng: np.random.Generato
         image = _rescale(image, params, rng)
     else:
         image = cropped
-    pixels = np.asarray(image)
-    if pixels.ndim == 2:
-        pixels = pixels[:, :, None]
-    rows, cols = pixels.shape[:2]
-    crop = params.crop
+    rows, cols, crop = image.height, image.width, params.crop
     if rows < crop or cols < crop:
         raise ValueError(f"Image height must be bigger than crop: the image is {rows}x{cols} "
                          f"after resizing, crop is {crop}.")
@@ -145,11 +141,23 @@ def crop_pixels(image: Image.Image, params: ImageParams, rng: np.random.Generato
     else:
         x = int(rng.integers(0, cols - crop + 1))
         y = int(rng.integers(0, rows - crop + 1))
-    pixels = pixels[y:y + crop, x:x + crop, ::-1]  # RGB -> BGR
-    mirror = params.mirror and (params.gpu_transform or not params.is_test)
-    if mirror and rng.random() < 0.5:
-        pixels = pixels[:, ::-1]
-    return pixels
+    mirror = params.mirror and (params.gpu_transform or not params.is_test) \
+        and rng.random() < 0.5
+    return bgr_crop(image, x, y, crop, mirror)
+
+
+def bgr_crop(image: Image.Image, x: int, y: int, crop: int, mirror: bool) -> np.ndarray:
+    """The ``crop`` x ``crop`` window at ``(x, y)`` as HWC uint8 BGR (mirrored if asked),
+    as a view whose channel and column strides merge into one long run, so the float
+    conversion that follows is one fast pass (a channel-reversing view is ~8x slower)."""
+    if image.mode == "L":
+        gray = np.asarray(image)[y:y + crop, x:x + crop]
+        return (gray[:, ::-1] if mirror else gray)[:, :, None]
+    if mirror:  # a row of RGB bytes read backwards is the mirrored row in BGR
+        rows = np.asarray(image).reshape(image.height, -1)[y:y + crop, 3 * x:3 * (x + crop)]
+        return rows[:, ::-1].reshape(crop, crop, 3)
+    bgr = np.frombuffer(image.tobytes("raw", "BGR"), dtype=np.uint8)
+    return bgr.reshape(image.height, image.width, 3)[y:y + crop, x:x + crop]
 
 
 def _gray(values: np.ndarray) -> np.ndarray:

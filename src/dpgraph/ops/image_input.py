@@ -135,10 +135,9 @@ def _parse(value: bytes, cfg: _Config, where: str) -> rec.ImageRecord:
     return rec.parse_tensor_protos(value, cfg.label_type, len(cfg.output_sizes), where)
 
 
-def _one_image(value: bytes, cfg: _Config, seed: int, row: int, where: str
-               ) -> tuple[rec.ImageRecord, np.ndarray, bool]:
-    """Parse and augment one image (a decode-pool task); normalising is left to the
-    thread assembling the batch, so it overlaps the decoding of the next images."""
+def _one_image(value: bytes, cfg: _Config, seed: int, row: int, where: str,
+               out: np.ndarray) -> tuple[rec.ImageRecord, bool]:
+    """Parse, augment and normalise one image into its batch row ``out``."""
     record = _parse(value, cfg, where)
     params = cfg.params
     if record.bbox is not None:
@@ -147,7 +146,21 @@ def _one_image(value: bytes, cfg: _Config, seed: int, row: int, where: str
         pixels, failed = augment(record, params, np.random.default_rng([seed, row]))
     except ValueError as error:
         raise DataInputError(f"{where}: {error}") from None
-    return record, pixels, failed
+    if cfg.gpu_transform:
+        out[...] = pixels
+    else:
+        normalize(pixels, params, out)
+    return record, failed
+
+
+def _rows(rows: list[int], values: list[bytes], keys: list[bytes], cfg: _Config, seed: int,
+          where: str, data: np.ndarray) -> list[tuple[int, rec.ImageRecord, bool]]:
+    """One decode thread's share of the batch, done in order (one task per thread keeps
+    the hand-offs between threads to one per batch)."""
+    return [(row, *_one_image(values[row], cfg, seed, row,
+                              f"{where}, key {keys[row]!r} (record {row} of the batch)",
+                              data[row]))
+            for row in rows]
 
 
 def _labels(records: list[rec.ImageRecord], cfg: _Config, where: str) -> np.ndarray:
@@ -201,19 +214,13 @@ def _produce(reader: DBReader, cfg: _Config, batch_seed: int) -> list[np.ndarray
     crop, channels = cfg.params.crop, cfg.params.channels
     data = np.empty((cfg.batch_size, crop, crop, channels),
                     dtype=np.uint8 if cfg.gpu_transform else np.float32)
-    pool = decode_pool(cfg.threads)
-    futures = [pool.submit(_one_image, value, cfg, batch_seed, row,
-                           f"{where}, key {key!r} (record {row} of the batch)")
-               for row, (key, value) in enumerate(zip(keys, values))]
-    records, errors = [], 0
-    for row, future in enumerate(futures):
-        record, pixels, failed = future.result()
-        records.append(record)
-        errors += failed
-        if cfg.gpu_transform:
-            data[row] = pixels
-        else:
-            normalize(pixels, cfg.params, data[row])
+    threads = max(1, min(cfg.threads, cfg.batch_size))
+    pool = decode_pool(threads)
+    futures = [pool.submit(_rows, list(range(t, cfg.batch_size, threads)), values, keys, cfg,
+                           batch_seed, where, data) for t in range(threads)]
+    done = sorted(item for future in futures for item in future.result())
+    records = [record for _, record, _ in done]
+    errors = sum(failed for _, _, failed in done)
     if errors / cfg.batch_size > cfg.max_error_ratio:
         raise DataInputError(f"{where}: {errors} of {cfg.batch_size} images failed to decode, "
                              f"more than max_decode_error_ratio {cfg.max_error_ratio}.")
