@@ -145,7 +145,7 @@ def test_if_net_else_and_while_net_keep_locals_local() -> None:
 
 def test_builder_errors_and_ops_outside_a_builder() -> None:
     with pytest.raises(AttributeError, match="No active NetBuilder"):
-        ops.Add
+        _ = ops.Add
     with pytest.raises(NetError, match="requires a stop condition"):
         with NetBuilder():
             with ops.loop():
