@@ -266,7 +266,20 @@ def _batch_seed(ctx: OpContext) -> int:
     return int(ctx.rng.integers(0, 2**63 - 1))
 
 
-@register_op("ImageInput", inputs=(0, 1), outputs=(2, None), side_effects=True)
+def _image_input_shape(op: Any, in_shapes: Any, in_types: Any) -> list[Any]:
+    """Caffe2's schema claim: data ``[batch, crop, crop, C]`` FLOAT and label
+    ``[1, batch]`` INT32 (the op really writes label ``(batch,)``)."""
+    from dpgraph.ir.arguments import arguments_dict
+
+    args = arguments_dict(op.arg)
+    batch, crop = int(args.get("batch_size", 0)), int(args.get("crop", -1))
+    channels = 3 if int(args.get("color", 1)) else 1
+    return [((batch, crop, crop, channels), DT.FLOAT), ((1, batch), DT.INT32)] + \
+        [None] * (len(op.output) - 2)
+
+
+@register_op("ImageInput", inputs=(0, 1), outputs=(2, None), side_effects=True,
+             shape=_image_input_shape)
 def image_input(ctx: OpContext) -> Outputs:
     """Batches of decoded, cropped, normalised images with their labels (see module doc)."""
     cfg = _config(ctx)
