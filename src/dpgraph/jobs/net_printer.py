@@ -69,7 +69,8 @@ class Analyzer(Visitor):
     def __init__(self) -> None:
         self.workspaces: defaultdict[str, defaultdict[str, int]] = defaultdict(
             lambda: defaultdict(int))
-        self.workspace_ctx: list[Any] = []
+        # a default workspace, so that nets and steps can be analyzed on their own
+        self.workspace_ctx: list[Any] = [self.workspaces["local"]]
 
     @property
     def workspace(self) -> Any:
