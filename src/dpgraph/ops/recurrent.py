@@ -341,8 +341,11 @@ def _backward_plan(ctx: OpContext) -> StepPlan:
     for copy, op in zip(ops, backward.op):
         copy.CopyFrom(op)
     accumulators = [ctx.output_name(i + 1) for i in range(len(params))]
+    written = {name for op in ops for name in op.output}
     for i, accumulator in enumerate(accumulators):
         grad = plan.remap(param_grads[i]) if param_grads else accumulator
+        if grad not in written and accumulator in written:
+            grad = accumulator  # renamed in the step net without a '.rename' argument
         _rename_blob(ops, grad, grad + "_tmpstep")
         ops.append(make_op("Sum", [accumulator, grad + "_tmpstep"], [accumulator]))
     links = [Link(plan.remap(link.internal), plan.remap(link.external), link.offset,
