@@ -59,15 +59,21 @@ def _densify(value: Any, state: Mapping[str, Any], like: np.ndarray) -> np.ndarr
     return np.asarray(state[str(value)])
 
 
+def _copies(values: Iterable[Any]) -> list[Any]:
+    """Fresh copies of the arrays: kernels update in place where Caffe2's ops are in place,
+    and the gradient checks reuse their inputs and output gradients."""
+    return [v.copy() if isinstance(v, np.ndarray) else v for v in values]
+
+
 def analytic_gradients(op: caffe2_pb2.OperatorDef, inputs: Sequence[Any],
                        output_grads: Mapping[int, np.ndarray]) -> list[np.ndarray | None]:
     """Gradients of sum(out_k * output_grads[k]) w.r.t. every input, via the gradient ops."""
     g_output = [op.output[k] + "_grad" if k in output_grads else None
                 for k in range(len(op.output))]
     grad_ops, g_input = build_gradient(op, g_output)
-    state = run_ops([op], dict(zip(op.input, inputs)))
+    state = run_ops([op], dict(zip(op.input, _copies(inputs))))
     for k, grad in output_grads.items():
-        state[op.output[k] + "_grad"] = grad
+        state[op.output[k] + "_grad"] = grad.copy()
     state = run_ops(grad_ops, state)
     return [None if g is None else _densify(g, state, np.asarray(x))
             for g, x in zip(g_input, inputs)]
@@ -84,7 +90,7 @@ def numeric_gradient(op: caffe2_pb2.OperatorDef, inputs: Sequence[Any], input_in
 
     def objective(values: list[Any]) -> float:
         values[input_index] = values[input_index].astype(dtype)
-        outs = run_op(op, values)
+        outs = run_op(op, _copies(values))
         return float(sum(np.sum(np.asarray(outs[k], np.float64) * g)
                          for k, g in output_grads.items()))
 
@@ -110,7 +116,7 @@ def check_gradient(op: caffe2_pb2.OperatorDef, inputs: Sequence[Any],
     ``inputs_to_check`` (default: every floating-point input) is compared.
     """
     rng = np.random.default_rng(seed)
-    outs = run_op(op, inputs)
+    outs = run_op(op, _copies(inputs))
     output_grads = {k: rng.standard_normal(np.shape(outs[k])).astype(np.float32)
                     for k in outputs_with_grads}
     analytic = analytic_gradients(op, inputs, output_grads)
