@@ -62,8 +62,8 @@ def _while_net() -> core.Net:
     net.ConstantFill([], "cond", shape=[], value=True, dtype=core.DataType.BOOL)
     body = core.Net("body")
     body.Mul(["x0", "w"], "xw")
-    body.Add(["acc", "xw"], "acc")
-    body.Tanh("acc", "acc")
+    body.Sum(["acc", "xw"], "acc_sum")
+    body.Tanh("acc_sum", "acc")
     body.Add(["i", "one"], "i")
     body.LT(["i", "n"], "cond")
     add_while_op(net, "cond", ["x0", "w", "acc", "i", "one", "n", "cond"], body)
@@ -83,7 +83,7 @@ def test_while_op_runs_the_loop() -> None:
         expected = np.tanh(expected + X * W)
     np.testing.assert_allclose(workspace.FetchBlob("acc"), expected, rtol=1e-6)
     assert int(workspace.FetchBlob("i")[0]) == 3
-    assert not workspace.HasBlob("xw")
+    assert not workspace.HasBlob("xw") and not workspace.HasBlob("acc_sum")
 
 
 @pytest.mark.parametrize("wrt", ["acc0", "w", "x0"])
