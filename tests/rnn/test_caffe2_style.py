@@ -157,3 +157,68 @@ def test_multi_lstm_parameter_gradients() -> None:
         gradient_checker.NetGradientChecker.Check(
             model.net, outputs_with_grad=[fake_loss], input_values=values,
             input_to_check=str(param), print_net=False, step_size=0.0001, threshold=0.05)
+
+
+def _attention_decoder(unroll: int | None, residual: bool, final_dropout: bool,
+                       dims: tuple[int, int, int, int]) -> dict[str, Any]:
+    """Caffe2's _prepare_attention: MILSTM layers in a MultiRNNCell under Recurrent
+    attention, optionally residual and wrapped in a DropoutCell of ratio 0."""
+    t, n, dim_in, encoder_dim = dims
+    model = ModelHelper(name="external")
+    initial_states = []
+    for layer in range(2):
+        h, c = model.net.AddExternalInputs(f"hidden_init_{layer}", f"cell_init_{layer}")
+        initial_states.extend([h, c])
+        workspace.FeedBlob(h, np.random.random((1, n, 3)).astype(np.float32))
+        workspace.FeedBlob(c, np.random.random((1, n, 3)).astype(np.float32))
+    awec = model.net.AddExternalInputs("initial_attention_weighted_encoder_context")
+    initial_states.append(awec)
+    workspace.FeedBlob(awec, np.random.random((1, n, encoder_dim)).astype(np.float32))
+    with core.NameScope("test_name_scope"):
+        input_blob, seq_lengths, encoder_outputs, weighted = model.net.AddScopedExternalInputs(
+            "input_blob", "seq_lengths", "encoder_outputs", "weighted_encoder_outputs")
+        cells = [rnn_cell.MILSTMCell(name=f"decoder_{i}", forward_only=False,
+                                     input_size=dim_in if i == 0 else 3, hidden_size=3,
+                                     forget_bias=0.0, memory_optimization=False)
+                 for i in range(2)]
+        decoder = rnn_cell.MultiRNNCell(cells, name="decoder",
+                                        residual_output_layers=range(1, 2) if residual else None)
+        cell: Any = rnn_cell.AttentionCell(
+            encoder_output_dim=encoder_dim, encoder_outputs=encoder_outputs,
+            encoder_lengths=None, decoder_cell=decoder, decoder_state_dim=3,
+            name="attention_decoder", attention_type=AttentionType.Recurrent,
+            weighted_encoder_outputs=weighted, attention_memory_optimization=True)
+        if final_dropout:
+            cell = rnn_cell.DropoutCell(internal_cell=cell, dropout_ratio=0.0, name="dropout",
+                                        forward_only=False, is_test=False)
+        if unroll is not None:
+            cell = rnn_cell.UnrolledCell(cell, unroll)
+        output_indices = list(decoder.output_indices) + [2 * len(cells)]
+        outputs_with_grads = [2 * i for i in output_indices]
+        final_output, _ = cell.apply_over_sequence(
+            model=model, inputs=input_blob, seq_lengths=seq_lengths,
+            initial_states=initial_states, outputs_with_grads=outputs_with_grads)
+    workspace.RunNetOnce(model.param_init_net)
+    workspace.FeedBlob(seq_lengths, np.random.randint(1, t + 1, size=(n,)).astype(np.int32))
+    return {"final_output": final_output, "net": model.net, "initial_states": initial_states,
+            "input_blob": input_blob, "encoder_outputs": encoder_outputs,
+            "weighted_encoder_outputs": weighted}
+
+
+@pytest.mark.parametrize("residual,final_dropout", [(False, False), (True, True)])
+def test_unroll_attention(residual: bool, final_dropout: bool) -> None:
+    np.random.seed(6)
+    workspace.ResetWorkspace()
+    dims = (3, 2, 2, 2)
+    net, unrolled = [_attention_decoder(unroll, residual, final_dropout, dims)
+                     for unroll in (dims[0], None)]
+    encoder = np.random.random((2, dims[1], dims[3])).astype(np.float32)
+    workspace.FeedBlob(net["input_blob"], np.random.rand(*dims[:3]).astype(np.float32))
+    workspace.FeedBlob(net["encoder_outputs"], encoder)
+    workspace.FeedBlob(net["weighted_encoder_outputs"],
+                       np.random.random(encoder.shape).astype(np.float32))
+    inputs_with_grads = net["initial_states"] + [
+        net["input_blob"], net["encoder_outputs"], net["weighted_encoder_outputs"]]
+    gradient_checker.NetGradientChecker.CompareNets(
+        [net["net"], unrolled["net"]], [[net["final_output"]], [unrolled["final_output"]]],
+        [0], inputs_with_grads=inputs_with_grads, threshold=0.000001)
