@@ -5,8 +5,8 @@ COCO 2014 (``<detectron>/detectron/datasets/data/coco``):
 
 Each image holds a few filled rectangles on noise; every rectangle is an instance with a box,
 a polygon mask, an area and one of 80 categories, so Faster R-CNN, Mask R-CNN and RetinaNet
-configs (NUM_CLASSES 81) train on it.  The same images serve coco_2014_train and
-coco_2014_minival.
+configs (NUM_CLASSES 81) train on it.  The same images serve coco_2014_train, _val,
+_minival and _valminusminival (the datasets Detectron's configs name).
 """
 
 from __future__ import annotations
@@ -53,7 +53,8 @@ def write(root: Path, images: int, size: int, seed: int = 0) -> None:
             Image.fromarray(pixels).save(data / split / file_name, quality=95)
     body = {"images": entries, "annotations": annotations, "categories": CATEGORIES,
             "info": {"description": "dpgraph synthetic COCO"}, "licenses": []}
-    for name in ("instances_train2014.json", "instances_minival2014.json"):
+    for name in ("instances_train2014.json", "instances_val2014.json",
+                 "instances_minival2014.json", "instances_valminusminival2014.json"):
         (ann_dir / name).write_text(json.dumps(body))
 
 
