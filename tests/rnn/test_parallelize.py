@@ -1,9 +1,11 @@
 """A recurrent model under data_parallel_model.Parallelize (Caffe2's test_equiv_recurrent):
 step-net parameters are grouped, all-reduced and updated like any other, so 1, 2 and 4
 CPU devices and 2 virtual GPUs give the same parameters after 5 iterations; the memonger
-path (``.rename`` arguments read by the gradient op) gives them too."""
+path gives them too, and a checkpoint taken mid-training resumes to the same parameters."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 import pytest
@@ -14,8 +16,7 @@ from dpgraph.proto import caffe2_pb2
 T, BATCH, D_IN, HIDDEN, ITERS = 4, 8, 3, 5, 5
 
 
-def _run(devices: int, gpu: bool, optimize_memory: bool) -> dict[str, np.ndarray]:
-    workspace.ResetWorkspace()
+def _build(devices: int, gpu: bool, optimize_memory: bool) -> cnn.CNNModelHelper:
     model = cnn.CNNModelHelper(name=f"recurrent_test{devices}")
     per_device = BATCH // devices
 
@@ -52,28 +53,56 @@ def _run(devices: int, gpu: bool, optimize_memory: bool) -> dict[str, np.ndarray
             kept = [a for a in op.arg if a.name in ("shape", "value")]
             del op.arg[:]
             op.arg.extend(kept)
-    prefix = "gpu" if gpu else "cpu"
+    return model
+
+
+def _device(gpu: bool, g: int) -> caffe2_pb2.DeviceOption:
+    return core.DeviceOption(caffe2_pb2.CUDA if gpu else caffe2_pb2.CPU, g)
+
+
+def _init(model: cnn.CNNModelHelper, devices: int, gpu: bool) -> None:
+    """Init net, a non-zero initial hidden state (the same row everywhere: checkpoints
+    restore init-net blobs from device 0 to all devices), CreateNet."""
+    prefix, per_device = ("gpu" if gpu else "cpu"), BATCH // devices
+    workspace.RunNetOnce(model.param_init_net)
+    hidden = np.linspace(-0.1, 0.1, HIDDEN, dtype=np.float32)
+    for g in range(devices):
+        workspace.FeedBlob(f"{prefix}_{g}/hidden_init",
+                           np.tile(hidden, (1, per_device, 1)), _device(gpu, g))
+    workspace.CreateNet(model.net)
+
+
+def _batches() -> list[tuple[np.ndarray, np.ndarray]]:
     rng = np.random.default_rng(20150210)
-    for iteration in range(ITERS):
-        data = rng.standard_normal((T, BATCH, D_IN)).astype(np.float32)
-        target = rng.standard_normal((T, BATCH, HIDDEN)).astype(np.float32)
+    return [(rng.standard_normal((T, BATCH, D_IN)).astype(np.float32),
+             rng.standard_normal((T, BATCH, HIDDEN)).astype(np.float32))
+            for _ in range(ITERS)]
+
+
+def _train(model: cnn.CNNModelHelper, devices: int, gpu: bool,
+           batches: list[tuple[np.ndarray, np.ndarray]]) -> None:
+    prefix, per_device = ("gpu" if gpu else "cpu"), BATCH // devices
+    for data, target in batches:
         for g in range(devices):
-            device = core.DeviceOption(caffe2_pb2.CUDA if gpu else caffe2_pb2.CPU, g)
             rows = slice(g * per_device, (g + 1) * per_device)
-            workspace.FeedBlob(f"{prefix}_{g}/data", data[:, rows], device)
-            workspace.FeedBlob(f"{prefix}_{g}/target", target[:, rows], device)
-        if iteration == 0:
-            workspace.RunNetOnce(model.param_init_net)
-            for g in range(devices):  # the same initial states on every device's rows
-                hidden = np.linspace(-0.1, 0.1, BATCH * HIDDEN, dtype=np.float32)
-                device = core.DeviceOption(caffe2_pb2.CUDA if gpu else caffe2_pb2.CPU, g)
-                rows = slice(g * per_device, (g + 1) * per_device)
-                workspace.FeedBlob(f"{prefix}_{g}/hidden_init",
-                                   hidden.reshape(1, BATCH, HIDDEN)[:, rows], device)
-            workspace.CreateNet(model.net)
+            workspace.FeedBlob(f"{prefix}_{g}/data", data[:, rows], _device(gpu, g))
+            workspace.FeedBlob(f"{prefix}_{g}/target", target[:, rows], _device(gpu, g))
         workspace.RunNet(model.net.Proto().name)
-    names = ["partest/i2h_w", "partest/i2h_b", "partest/gates_t_w", "partest/gates_t_b"]
-    return {n: workspace.FetchBlob(f"{prefix}_0/{n}") for n in names}
+
+
+PARAMS = ["partest/i2h_w", "partest/i2h_b", "partest/gates_t_w", "partest/gates_t_b"]
+
+
+def _params(prefix: str) -> dict[str, np.ndarray]:
+    return {n: workspace.FetchBlob(f"{prefix}_0/{n}") for n in PARAMS}
+
+
+def _run(devices: int, gpu: bool, optimize_memory: bool) -> dict[str, np.ndarray]:
+    workspace.ResetWorkspace()
+    model = _build(devices, gpu, optimize_memory)
+    _init(model, devices, gpu)
+    _train(model, devices, gpu, _batches())
+    return _params("gpu" if gpu else "cpu")
 
 
 @pytest.fixture(scope="module")
@@ -103,3 +132,24 @@ def test_single_device_memonger_and_training_moves_params(
     for name, value in single_device.items():
         np.testing.assert_allclose(again[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
     assert np.abs(single_device["partest/gates_t_w"]).sum() > 0
+
+
+def test_checkpoint_and_resume_match_uninterrupted_training(
+        single_device: dict[str, np.ndarray], tmp_path: Any) -> None:
+    from dpgraph.checkpoint import load_model_checkpoint, save_model_checkpoint
+
+    batches = _batches()
+    workspace.ResetWorkspace()
+    model = _build(2, False, False)
+    _init(model, 2, False)
+    _train(model, 2, False, batches[:2])
+    saved = save_model_checkpoint(model, tmp_path / "rnn.ckpt")
+    assert "cpu_0/partest/gates_t_w" in saved
+    workspace.ResetWorkspace()
+    model = _build(2, False, False)
+    _init(model, 2, False)
+    load_model_checkpoint(model, tmp_path / "rnn.ckpt")
+    _train(model, 2, False, batches[2:])
+    for name, value in _params("cpu").items():
+        np.testing.assert_allclose(value, single_device[name], rtol=1e-4, atol=1e-5,
+                                   err_msg=name)
