@@ -33,6 +33,10 @@ def test_workspace_objects_blobs_nets_and_children() -> None:
     np.testing.assert_array_equal(ws.fetch_blob("c_x"), [0, 10, 20])  # shared ones
     with pytest.raises(KeyError):
         ws.blobs["missing"]
+    unfed = core.Net("c_unfed")
+    unfed.Mul(["c_a", "c_b"], "c_c")
+    with pytest.raises(KeyError, match="non-existing input blob: c_a"):
+        ws.create_net(unfed)
 
 
 def test_current_workspace_object_and_guard() -> None:

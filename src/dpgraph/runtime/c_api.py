@@ -166,7 +166,10 @@ class Workspace(metaclass=_WorkspaceMeta):
         self._ws.remove_blob(str(name))
 
     def create_net(self, net: Any, overwrite: bool = False) -> Net:
+        """Instantiate ``net``; as in Caffe2, every input an op reads before any op of the
+        net writes it must already exist in this workspace."""
         proto = _net_proto(net)
+        _check_inputs_exist(self._ws, proto)
         self._ws.create_net(proto, overwrite=overwrite)
         return Net(self._ws, proto.name)
 
@@ -189,6 +192,17 @@ class Workspace(metaclass=_WorkspaceMeta):
 
     def __repr__(self) -> str:
         return f"C.Workspace({self._ws.name!r})"
+
+
+def _check_inputs_exist(ws: Any, proto: caffe2_pb2.NetDef) -> None:
+    produced: set[str] = set()
+    for index, op in enumerate(proto.op):
+        for name in op.input:
+            if name not in produced and not ws.has_blob(name):
+                raise BlobNotFoundError(
+                    f"op {index} ({op.type}) of net {proto.name!r}: Encountered a non-existing "
+                    f"input blob: {name}; feed it or create it before creating the net.")
+        produced.update(op.output)
 
 
 def _net_proto(net: Any) -> caffe2_pb2.NetDef:
