@@ -56,6 +56,7 @@ class StorageServices:
     augment = staticmethod(image.augment)
     normalize = staticmethod(image.normalize)
     decode_pool = staticmethod(prefetch.decode_pool)
+    batch_buffer = staticmethod(prefetch.batch_buffer)
 
 
 #: The instance runtime workspaces carry as ``storage``.

@@ -17,7 +17,7 @@ import numpy as np
 
 from dpgraph.data import records as rec
 from dpgraph.data.image import ImageParams, augment, normalize
-from dpgraph.data.prefetch import Prefetcher, decode_pool
+from dpgraph.data.prefetch import Prefetcher, batch_buffer, decode_pool
 from dpgraph.db import DBReader
 from dpgraph.errors import ArgumentError, DataInputError
 from dpgraph.ir.registry import register_gradient, register_op
@@ -212,8 +212,8 @@ def _produce(reader: DBReader, cfg: _Config, batch_seed: int) -> list[np.ndarray
     where = f"ImageInput reading {reader.db.where()}"
     keys, values = reader.read_batch(cfg.batch_size)
     crop, channels = cfg.params.crop, cfg.params.channels
-    data = np.empty((cfg.batch_size, crop, crop, channels),
-                    dtype=np.uint8 if cfg.gpu_transform else np.float32)
+    data = batch_buffer((cfg.batch_size, crop, crop, channels),
+                        np.uint8 if cfg.gpu_transform else np.float32)
     threads = max(1, min(cfg.threads, cfg.batch_size))
     pool = decode_pool(threads)
     futures = [pool.submit(_rows, list(range(t, cfg.batch_size, threads)), values, keys, cfg,
