@@ -22,6 +22,7 @@ import itertools
 import json
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from dpgraph.errors import CollectiveMismatchError, CollectiveTimeoutError
@@ -34,7 +35,19 @@ _SUMS = frozenset({"Allreduce", "Reduce", "ReduceScatter"})
 _SAME_AS_INPUT = frozenset({"Copy", "CopyGPUToCPU", "CopyCPUToGPU", "ConstantFill", "Sum",
                             "NCCLAllreduce", "NCCLBroadcast", "Allreduce", "Broadcast",
                             "EnsureCPUOutput", "Alias"})
-_COUNTERS: dict[tuple[str, str], Any] = {}
+_CREATORS = frozenset({"CreateCommonWorld", "CloneCommonWorld"})
+_COUNTERS: dict[tuple[str, int], Any] = {}
+
+
+@dataclass(frozen=True)
+class Channel:
+    """Where a world's ranks meet: its store, this rank, the size and a timeout (s)."""
+
+    store: Any
+    rank: int
+    size: int
+    timeout: float
+    name: str
 
 
 def enabled() -> bool:
@@ -124,13 +137,24 @@ def _entry(op: Any, shapes: _Shapes) -> str:
     return f"{op.type}[{engine}]({described}) -> {list(op.output)} {' '.join(extra)}".rstrip()
 
 
+def _creation(op: Any) -> str:
+    engine = (op.engine or _arg(op, "engine") or "GLOO").upper()
+    if op.type == "CloneCommonWorld":
+        return f"CloneCommonWorld[{engine}]({op.input[0]})"
+    return (f"CreateCommonWorld[{engine}](size {_arg(op, 'size')}, timeout_ms "
+            f"{_arg(op, 'timeout_ms')})")
+
+
 def collective_schedule(net_def: Any, workspace: Any) -> dict[str, list[str]]:
-    """``{common world blob: [one line per collective, in net order]}``."""
+    """``{common world blob: [one line per collective, in net order]}``; a world the net
+    creates (CreateCommonWorld, CloneCommonWorld) lists its creation first."""
     shapes = _Shapes(workspace)
     schedule: dict[str, list[str]] = {}
     for op in net_def.op:
         if op.type in CROSS_RANK and op.input:
             schedule.setdefault(op.input[0], []).append(_entry(op, shapes))
+        elif op.type in _CREATORS and op.output:
+            schedule.setdefault(op.output[0], []).append(_creation(op))
         shapes.after(op)
     return schedule
 
@@ -140,30 +164,43 @@ def digest(entries: Sequence[str]) -> str:
 
 
 # --- the exchange ----------------------------------------------------------------------------
-def _worlds(workspace: Any, names: Sequence[str]) -> dict[str, Any]:
-    """The common worlds among ``names`` that exist, span several ranks and have a store."""
-    result = {}
-    for name in names:
+def _channels(workspace: Any, net_def: Any) -> dict[str, Channel]:
+    """The channel of every common world the net uses that spans several ranks: an existing
+    world's own, or (for a world this net creates) its store handler's and arguments."""
+    result: dict[str, Channel] = {}
+    for name in {op.input[0] for op in net_def.op if op.type in CROSS_RANK and op.input}:
         world = workspace.get_blob_or_none(name)
         if getattr(world, "size", 1) > 1 and getattr(world, "store", None) is not None:
-            result[name] = world
+            result[name] = Channel(world.store, world.rank, world.size, float(world.timeout),
+                                   name)
+    for op in net_def.op:
+        if op.type == "CreateCommonWorld" and op.input and op.output:
+            store = workspace.get_blob_or_none(op.input[0])
+            size, rank = _arg(op, "size") or 1, _arg(op, "rank") or 0
+            timeout_ms = _arg(op, "timeout_ms") or 30000
+            if size > 1 and store is not None and hasattr(store, "set"):
+                result[op.output[0]] = Channel(store, rank, size, timeout_ms / 1000.0,
+                                               op.output[0])
+        elif op.type == "CloneCommonWorld" and op.input and op.input[0] in result:
+            result[op.output[0]] = result[op.input[0]]
     return result
 
 
-def _exchange(world: Any, key: str, payload: dict[str, Any]) -> dict[int, dict[str, Any]]:
+def _exchange(channel: Channel, key: str, payload: dict[str, Any]
+              ) -> dict[int, dict[str, Any]]:
     """Publish ``payload`` under ``key/<rank>`` and read every rank's (bounded by the
-    world's timeout)."""
-    store, rank, size = world.store, world.rank, world.size
+    channel's timeout)."""
+    store, rank, size = channel.store, channel.rank, channel.size
     store.set(f"{key}/{rank}", json.dumps(payload))
     keys = [f"{key}/{r}" for r in range(size)]
     try:
-        store.wait(keys, datetime.timedelta(seconds=float(world.timeout)))
+        store.wait(keys, datetime.timedelta(seconds=channel.timeout))
     except RuntimeError as error:
         missing = [r for r in range(size) if not store.check([keys[r]])]
         raise CollectiveTimeoutError(
-            f"collective-schedule check on common world {world.name!r}: ranks {missing} did "
-            f"not publish their schedule within {world.timeout:g}s (they did not start this "
-            f"net, or died). Cause: {error}") from error
+            f"collective-schedule check on common world {channel.name!r}: ranks {missing} "
+            f"did not publish their schedule within {channel.timeout:g}s (they did not start "
+            f"this net, or died). Cause: {error}") from error
     return {r: json.loads(bytes(store.get(keys[r])).decode()) for r in range(size)}
 
 
@@ -194,11 +231,12 @@ def _mismatch(net: str, world: str, index: int, groups: Mapping[str, list[int]])
             f"set {ENV_VAR}=0 to skip this check.")
 
 
-def _groups(worlds: Mapping[str, Any]) -> list[list[str]]:
-    """Worlds that share this rank's (rank, size) are checked in one exchange."""
-    groups: dict[tuple[int, int], list[str]] = {}
-    for name, world in worlds.items():
-        groups.setdefault((world.rank, world.size), []).append(name)
+def _groups(channels: Mapping[str, Channel]) -> list[list[str]]:
+    """Worlds met through one store with this rank's (rank, size): one exchange each."""
+    groups: dict[tuple[int, int, int], list[str]] = {}
+    for name in sorted(channels):
+        channel = channels[name]
+        groups.setdefault((id(channel.store), channel.rank, channel.size), []).append(name)
     return list(groups.values())
 
 
@@ -208,20 +246,25 @@ def check_net(workspace: Any, net_def: Any) -> None:
 
     One exchange of per-world digests; only when they differ, a second one of the lists.
     """
-    if not enabled() or not any(op.type in CROSS_RANK for op in net_def.op):
+    if not enabled() or not any(op.type in CROSS_RANK or op.type in _CREATORS
+                                for op in net_def.op):
+        return
+    channels = _channels(workspace, net_def)
+    if not channels:
         return
     schedule = collective_schedule(net_def, workspace)
-    worlds = _worlds(workspace, sorted(schedule))
-    for names in _groups(worlds):
-        world = worlds[names[0]]
-        counter = _COUNTERS.setdefault((net_def.name, world.size), itertools.count())
-        key = f"dpgraph/schedule/{net_def.name}/{world.size}/{next(counter)}"
-        mine = {name: digest(schedule[name]) for name in names}
-        digests = _exchange(world, key, mine)
-        differing = [n for n in names if len({d.get(n) for d in digests.values()}) > 1]
+    for names in _groups(channels):
+        channel = channels[names[0]]
+        counter = _COUNTERS.setdefault((net_def.name, channel.size), itertools.count())
+        key = f"dpgraph/schedule/{net_def.name}/{channel.size}/{next(counter)}"
+        mine = {name: digest(schedule.get(name, [])) for name in names}
+        digests = _exchange(channel, key, mine)
+        every = sorted({n for d in digests.values() for n in d})
+        differing = [n for n in every if len({d.get(n) for d in digests.values()}) > 1]
         if not differing:
             continue
-        lists = _exchange(world, f"{key}/entries", {n: schedule[n] for n in differing})
+        lists = _exchange(channel, f"{key}/entries",
+                          {n: schedule.get(n, []) for n in differing})
         name = differing[0]
         index, groups = first_difference({r: p.get(name, []) for r, p in lists.items()})
         raise CollectiveMismatchError(_mismatch(net_def.name, name, index, groups))
