@@ -156,3 +156,25 @@ def test_db_reader_blob_serializes_its_position(tmp_path: Path) -> None:
     assert caffe2_pb2.DBReaderProto.FromString(proto.content).key == "b"
     copy = deserialize_blob(data)[1]
     assert copy.read() == (b"b", b"b")
+
+
+@pytest.mark.parametrize("array", [np.array([1.0, 2.0], np.float32), np.float64(2.5),
+                                   np.zeros((0, 3), np.float32), np.arange(35.0).reshape(5, 7),
+                                   np.linspace(0, 1, 1000, dtype=np.float32)])
+@pytest.mark.parametrize("device", [None, (1, 2)])
+@pytest.mark.parametrize("chunk_size", [0, 3, 400])
+def test_fast_float_chunks_equal_protobuf_serialization(array: np.ndarray, device: object,
+                                                       chunk_size: int) -> None:
+    """float32/float64 chunks are built from the array bytes; they must be the bytes
+    protobuf writes for tensor_chunk's message (field-number order)."""
+    from dpgraph.ir.blob_serde import chunk_count, tensor_chunk
+
+    values = np.asarray(array)
+    size = chunk_size if chunk_size > 0 else values.size + 1
+    expected = []
+    for k in range(chunk_count(values.size, size)):
+        proto = caffe2_pb2.BlobProto(name="w", type="Tensor")
+        proto.tensor.CopyFrom(tensor_chunk(values, "w", k * size,
+                                           min(values.size, (k + 1) * size), device))
+        expected.append((f"w#%{k}", proto.SerializeToString()))
+    assert list(serialize_blob_chunks("w", array, device, chunk_size)) == expected
