@@ -103,3 +103,40 @@ def test_test_util_helpers() -> None:
 
     assert flaky.__caffe2_flaky__ and not test_util.is_flaky_test_mode()
     assert st is not None
+
+
+class TestSerialized(__import__("dpgraph.serialized_test.serialized_test_util",
+                                fromlist=["x"]).SerializedTestCase):
+    """Caffe2's ``@serial.given`` operator tests, with golden outputs written then read."""
+
+    def test_golden_round_trip(self) -> None:
+        from dpgraph.serialized_test import serialized_test_util as serial
+
+        runs = []
+
+        @serial.given(X=hu.tensor(min_dim=1, max_dim=1), **hu.gcs_cpu_only)
+        @settings(max_examples=3, deadline=None)
+        def check(self, X, gc, dc) -> None:
+            runs.append(self.should_serialize)
+            self.assertReferenceChecks(gc, core.CreateOperator("Sigmoid", ["X"], ["Y"]), [X],
+                                       lambda x: (1 / (1 + np.exp(-x)),))
+
+        import tempfile
+
+        from dpgraph.jobs import serialized_test_util as impl
+
+        with tempfile.TemporaryDirectory() as tmp:
+            impl._output_context.output_dir = tmp
+            impl._output_context.should_generate_output = True
+            try:
+                check(self)
+                assert runs[0] is True and not any(runs[1:])
+                impl._output_context.should_generate_output = False
+                check(self)  # compares the first example with what was written
+                path = self._golden_path()
+                assert path.startswith(tmp) and __import__("os").path.exists(path)
+                with pytest.raises(AssertionError):
+                    self.compare_test([], [np.full(7, 3.0)], None)
+            finally:
+                del impl._output_context.output_dir
+                impl._output_context.should_generate_output = False

@@ -1,0 +1,1 @@
+"""Caffe2's ``serialized_test`` package (see :mod:`.serialized_test_util`)."""
