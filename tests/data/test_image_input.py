@@ -294,3 +294,18 @@ def test_resnet50_trainer_style_input_on_virtual_gpus(tmp_path: Path) -> None:
     assert data.shape == (4, 3, 32, 32) and data.dtype == np.float32
     assert workspace.FetchBlob("gpu_0/label").dtype == np.int32
     assert np.abs(data).max() <= 1.0
+
+
+def test_gray_output_and_per_channel_means(tmp_path: Path) -> None:
+    rgb = _images(1)[0][:24, :24]
+    write_lmdb(tmp_path / "db", [image_record(jpeg_bytes(rgb, "PNG"), 0)])
+    _reader(tmp_path / "db")
+    _image_input(["d", "l"], batch_size=1, scale=24, crop=24, is_test=1, color=0, mean=5.0)
+    gray = np.asarray(Image.fromarray(rgb).convert("L")).astype(np.float32)
+    np.testing.assert_allclose(workspace.FetchBlob("d")[0, :, :, 0], gray - 5.0, atol=1e-5)
+    _image_input(["d", "l"], batch_size=1, scale=24, crop=20, is_test=1,
+                 mean_per_channel=[1.0, 2.0, 3.0], std_per_channel=[2.0, 4.0, 8.0])
+    bgr = rgb[2:22, 2:22, ::-1].astype(np.float32)
+    expected = (bgr - np.array([1.0, 2.0, 3.0], np.float32)) / np.array([2.0, 4.0, 8.0],
+                                                                        np.float32)
+    np.testing.assert_allclose(workspace.FetchBlob("d")[0], expected, atol=1e-5)
