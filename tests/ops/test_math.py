@@ -272,8 +272,17 @@ def test_pow_broadcast_gradient_numeric() -> None:
 def test_sum_inplace_and_pass_through() -> None:
     xs = [rand(2, 3) for _ in range(3)]
     op = CreateOperator("Sum", ["X0", "X1", "X2"], ["X0"])
-    (out,) = run_op(op, xs)
-    np.testing.assert_allclose(out, xs[0] + xs[1] + xs[2], rtol=1e-6)
+    buffers = [x.copy() for x in xs]
+    (out,) = run_op(op, buffers)
+    assert out is buffers[0]  # in place, as Caffe2's Sum
+    np.testing.assert_array_equal(out, xs[0] + xs[1] + xs[2])
+    (fresh,) = run_op(CreateOperator("Sum", ["X0", "X1", "X2"], ["Y"]), xs)
+    np.testing.assert_array_equal(fresh, out)
+    # an input aliasing X0 is read before X0 is overwritten
+    aliased = xs[0].copy()
+    (twice,) = run_op(CreateOperator("Sum", ["X0", "X1", "X2"], ["X0"]),
+                      [aliased, xs[1], aliased])
+    np.testing.assert_array_equal(twice, xs[0] + xs[1] + xs[0])
     ops, g_in = grads_of(CreateOperator("Sum", ["a", "b"], ["c"]))
     assert ops == [] and g_in == ["c_grad", "c_grad"]
     assert OPERATORS.lookup("Sum").allows_inplace(0, 0)

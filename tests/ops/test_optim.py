@@ -128,9 +128,15 @@ def test_weighted_sum_and_gradients() -> None:
     x0, x1 = f32(3, 2), f32(3, 2)
     w0, w1 = np.array([0.5], F32), np.array([-2.0], F32)
     op = make_op("WeightedSum", ["X0", "w0", "X1", "w1"], ["X0"])
-    (y,) = run_op(op, [x0, w0, x1, w1])
-    assert y.dtype == F32
-    np.testing.assert_allclose(y, 0.5 * x0 - 2.0 * x1, rtol=1e-6)
+    buffer = x0.copy()
+    (y,) = run_op(op, [buffer, w0, x1, w1])
+    assert y.dtype == F32 and y is buffer  # SGD's param update runs in place, as in Caffe2
+    np.testing.assert_array_equal(y, x0 * F32(0.5) + x1 * F32(-2.0))
+    (fresh,) = run_op(make_op("WeightedSum", ["X0", "w0", "X1", "w1"], ["Y"]), [x0, w0, x1, w1])
+    np.testing.assert_array_equal(fresh, y)
+    same = x0.copy()  # X1 is X0: read before X0 is overwritten
+    (both,) = run_op(op, [same, w0, same, w1])
+    np.testing.assert_array_equal(both, x0 * F32(0.5) + x0 * F32(-2.0))
     fwd = make_op("WeightedSum", ["X0", "w0", "X1", "w1"], ["Y"])
     ops, g_in = build_gradient(fwd, ["Y_grad"])
     assert [(o.type, list(o.input), list(o.output)) for o in ops] == [

@@ -60,6 +60,22 @@ def out_buffer(ctx: Any, input_index: int, output_index: int) -> np.ndarray:
     return target if target is not None else np.empty_like(ctx.inputs[input_index])
 
 
+def distinct_buffers(*values: Any) -> bool:
+    """True when no two of the numpy arrays among ``values`` may share memory, so updating
+    one in place (step by step) cannot change another before it is read."""
+    arrays = [v for v in values if type(v) is np.ndarray]
+    return not any(np.may_share_memory(a, b)
+                   for i, a in enumerate(arrays) for b in arrays[i + 1:])
+
+
+def same_float_arrays(*values: Any) -> bool:
+    """Distinct numpy float arrays of one dtype: what an in-place kernel needs to compute
+    with ``out=`` the same values its allocating form computes."""
+    first = values[0]
+    return (all(type(v) is np.ndarray and v.dtype == first.dtype for v in values)
+            and first.dtype.kind == "f" and distinct_buffers(*values))
+
+
 # --- shape functions ---------------------------------------------------------------------
 def same_as_input(index: int = 0, dtype: int | None = None) -> Callable[..., ShapeResult]:
     """``shape=`` function: every output has input ``index``'s shape (and type)."""

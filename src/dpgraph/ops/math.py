@@ -22,7 +22,15 @@ import numpy as np
 from dpgraph.errors import ArgumentError, GradientError
 from dpgraph.ir.arguments import MakeArgument, arguments_dict
 from dpgraph.ir.registry import register_gradient, register_op
-from dpgraph.ops._common import ShapeResult, as_dtype, same_as_input, to_host
+from dpgraph.ops._common import (
+    ShapeResult,
+    as_dtype,
+    inplace_target,
+    out_buffer,
+    same_as_input,
+    same_float_arrays,
+    to_host,
+)
 from dpgraph.ops.context import OpContext, Outputs
 from dpgraph.ops.fill import DataType
 from dpgraph.ops.gradient_builder import GradientBuilder
@@ -131,9 +139,29 @@ _ARITHMETIC: dict[str, Callable[[Any, Any, Any], Any]] = {
 }
 
 
+_UFUNCS = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Div": np.divide}
+
+
+def _binary_target(ctx: OpContext, a: Any, b: Any) -> Any:
+    """The input array C is written into when the op is in place (C named as A or B) and C
+    has that input's shape, dtype (float) and memory; else ``None``."""
+    if not same_float_arrays(a, b):
+        return None
+    for index, value in ((0, a), (1, b)):
+        target = inplace_target(ctx, index, 0)
+        if target is value and target.shape == np.broadcast_shapes(a.shape, b.shape):
+            return target
+    return None
+
+
 def _register_arithmetic(op_type: str, fn: Callable[[Any, Any, Any], Any]) -> None:
+    ufunc = _UFUNCS.get(op_type)
+
     def kernel(ctx: OpContext) -> Outputs:
         a, b = binary_operands(ctx)
+        target = _binary_target(ctx, a, b) if ufunc is not None else None
+        if target is not None:
+            return (ufunc(a, b, out=target),)
         return (as_dtype(ctx.xp, fn(ctx.xp, ctx.xp.asarray(a), ctx.xp.asarray(b)),
                          ctx.xp.asarray(a).dtype),)
 
@@ -412,6 +440,8 @@ def _sqr_gradient(g: GradientBuilder) -> None:
 def scale(ctx: OpContext) -> Outputs:
     """Y = scale * X."""
     x = ctx.xp.asarray(ctx.inputs[0])
+    if same_float_arrays(x):
+        return (np.multiply(x, ctx.float_arg("scale", 1.0), out=inplace_target(ctx, 0, 0)),)
     return (as_dtype(ctx.xp, x * ctx.float_arg("scale", 1.0), x.dtype),)
 
 
@@ -488,6 +518,11 @@ def sum_op(ctx: OpContext) -> Outputs:
             raise ctx.fail(f"input {ctx.input_name(index)!r} has shape {np.shape(value)} but "
                            f"{ctx.input_name(0)!r} has {first.shape}; Sum needs inputs of one "
                            f"shape (use Add with broadcast=1 to broadcast)")
+    if same_float_arrays(*ctx.inputs):  # one pass per input, into X0 when in place
+        total = np.add(first, ctx.inputs[1], out=out_buffer(ctx, 0, 0))
+        for value in ctx.inputs[2:]:
+            np.add(total, value, out=total)
+        return (total,)
     total = reduce(xp.add, ctx.inputs[1:], first)
     return (as_dtype(xp, total, first.dtype),)
 

@@ -26,6 +26,7 @@ from dpgraph.ops._common import (
     like_inputs,
     out_buffer,
     same_as_input,
+    same_float_arrays,
     scalar_value,
 )
 from dpgraph.ops._sparse_rows import check_indices, check_rows, occurrence_layers, writable
@@ -103,16 +104,25 @@ def weighted_sum(ctx: OpContext) -> Outputs:
     """[X0, w0, X1, w1, ...] -> Σ wᵢ·Xᵢ (each wᵢ has one element; output may be X0)."""
     if len(ctx.inputs) % 2:
         raise ctx.fail("inputs must come in (X, weight) pairs")
-    x0 = ctx.inputs[0]
-    out = None
-    for x, w in zip(ctx.inputs[::2], ctx.inputs[1::2]):
+    x0, xs = ctx.inputs[0], ctx.inputs[::2]
+    for x, w in zip(xs, ctx.inputs[1::2]):
         if x.shape != x0.shape:
             raise ctx.fail(f"all X must have the shape of X0 {x0.shape}, got {x.shape}")
         if w.size != 1:
             raise ctx.fail(f"weights must have one element, got shape {w.shape}")
-        term = x * ctx.xp.asarray(w, dtype=x0.dtype).reshape(())
-        out = term if out is None else out + term
-    return (ctx.xp.asarray(out, dtype=x0.dtype),)
+    weights = [ctx.xp.asarray(w, dtype=x0.dtype).reshape(()) for w in ctx.inputs[1::2]]
+    if same_float_arrays(*xs):  # in place into X0 when the op is (SGD's param update)
+        out = np.multiply(x0, weights[0], out=out_buffer(ctx, 0, 0))
+        scratch = None
+        for x, w in zip(xs[1:], weights[1:]):
+            scratch = np.multiply(x, w, out=scratch)
+            np.add(out, scratch, out=out)
+        return (out,)
+    total = None
+    for x, w in zip(xs, weights):
+        term = x * w
+        total = term if total is None else total + term
+    return (ctx.xp.asarray(total, dtype=x0.dtype),)
 
 
 @register_gradient("WeightedSum")
@@ -203,13 +213,6 @@ def _momentum_into(ctx: OpContext, lr: float, mom: float, nesterov: bool) -> tup
     return out_g, out_m
 
 
-def _same_float_arrays(*values: Any) -> bool:
-    """Distinct numpy float arrays of one dtype: the in-place kernel's preconditions."""
-    first = values[0]
-    return all(type(v) is np.ndarray and v.dtype == first.dtype for v in values) and \
-        first.dtype.kind == "f" and len({id(v) for v in values}) == len(values)
-
-
 def _momentum_args(ctx: OpContext) -> tuple[float, bool]:
     return ctx.float_arg("momentum", 0.0), bool(ctx.int_arg("nesterov", 0))
 
@@ -220,7 +223,7 @@ def momentum_sgd(ctx: OpContext) -> Outputs:
     """[grad, moment, lr] -> [adjusted grad, moment]."""
     check_same_shape(ctx, 0, 1)
     g, m, lr = ctx.inputs
-    if _same_float_arrays(g, m):
+    if same_float_arrays(g, m):
         return _momentum_into(ctx, scalar_value(lr), *_momentum_args(ctx))
     return _momentum_step(g, m, scalar_value(lr), *_momentum_args(ctx))
 
@@ -232,7 +235,7 @@ def momentum_sgd_update(ctx: OpContext) -> Outputs:
     moment and param are updated in place when the op names them as its outputs."""
     check_same_shape(ctx, 0, 1, 3)
     g, m, lr, p = ctx.inputs
-    if _same_float_arrays(g, m, p):
+    if same_float_arrays(g, m, p):
         adjusted, new_m = _momentum_into(ctx, scalar_value(lr), *_momentum_args(ctx))
         return adjusted, new_m, np.subtract(p, adjusted, out=out_buffer(ctx, 3, 2))
     adjusted, new_m = _momentum_step(g, m, scalar_value(lr), *_momentum_args(ctx))
