@@ -257,3 +257,38 @@ def test_memonger_mix_cpu_gpu_never_shares_across_devices():
         for b in list(op.input) + list(op.output):
             by_device.setdefault(b, set()).add(op.device_option.device_type)
     assert not [b for b, kinds in by_device.items() if len(kinds) > 1]
+
+
+def test_rnn_step_nets_are_renamed_with_rename_args():
+    from dpgraph import rnn_cell
+
+    T, batch, dim, hidden = 5, 2, 4, 6
+    model = ModelHelper(name="rnn")
+    data, seq_lengths, h0, c0 = model.net.AddExternalInputs("input", "seq_lengths", "h0",
+                                                            "c0")
+    out = rnn_cell.LSTM(model, data, seq_lengths, (h0, c0), dim, hidden, scope="lstm1",
+                        drop_states=True)
+    out = rnn_cell.LSTM(model, out[0], seq_lengths, (h0, c0), hidden, hidden, scope="lstm2",
+                        drop_states=True)
+    loss = model.AveragedLoss(model.SquaredL2Distance([out[0], "target"], "dist"), "loss")
+    model.AddGradientOperators([loss])
+    optim = memonger.share_grad_blobs(model.net, ["loss"], set(model.param_to_grad.values()),
+                                      "", share_activations=True, dont_share_blobs=set())
+    assert len(_blobs(optim)) < len(_blobs(model.net.Proto()))
+    renames = [a.name for op in optim.op if op.type == "RecurrentNetworkGradient"
+               for a in op.arg if a.name.endswith(".rename")]
+    assert renames and all(a.s.decode().startswith("__m") for op in optim.op
+                           for a in op.arg if a.name.endswith(".rename"))
+    rng = np.random.RandomState(0)
+    workspace.FeedBlob("input", rng.rand(T, batch, dim).astype(np.float32))
+    workspace.FeedBlob("seq_lengths", np.full(batch, T, np.int32))
+    workspace.FeedBlob("h0", np.zeros((1, batch, hidden), np.float32))
+    workspace.FeedBlob("c0", np.zeros((1, batch, hidden), np.float32))
+    workspace.FeedBlob("target", rng.rand(T, batch, hidden).astype(np.float32))
+    workspace.RunNetOnce(model.param_init_net)
+    grads = [str(g) for g in model.param_to_grad.values()]
+    workspace.RunNetOnce(model.net)
+    want = [workspace.FetchBlob(b) for b in ["loss", *grads]]
+    workspace.RunNetOnce(optim)
+    for expected, name in zip(want, ["loss", *grads]):
+        np.testing.assert_array_equal(workspace.FetchBlob(name), expected, err_msg=name)

@@ -241,20 +241,39 @@ def apply_assignments(net: caffe2_pb2.NetDef, assignments: Any) -> None:
     rename_blobs(net.op, mapping)
 
 
+def _rename_list(names: Any, mapping: Mapping[str, str]) -> list[str]:
+    """Rename in place; returns the names that changed."""
+    changed = []
+    for i, b in enumerate(names):
+        if b in mapping:
+            names[i] = mapping[b]
+            changed.append(b)
+    return changed
+
+
+def _is_recurrent(op: caffe2_pb2.OperatorDef) -> bool:
+    return op.type.startswith("RecurrentNetwork")
+
+
 def rename_blobs(ops: Iterable[caffe2_pb2.OperatorDef], mapping: Mapping[str, str]) -> None:
-    """Rename op inputs and outputs (and those of nets held in op arguments)."""
+    """Rename op inputs and outputs (and those of nets held in op arguments).
+
+    RecurrentNetwork ops get, as in Caffe2's memonger, their step nets renamed (ops and
+    external inputs) and one string argument ``<old>.rename = <new>`` per renamed input or
+    output, which the gradient op follows for its links and gradient names.
+    """
     for op in ops:
-        for i, b in enumerate(op.input):
-            if b in mapping:
-                op.input[i] = mapping[b]
-        for i, b in enumerate(op.output):
-            if b in mapping:
-                op.output[i] = mapping[b]
+        changed = _rename_list(op.input, mapping) + _rename_list(op.output, mapping)
         for arg in op.arg:
             if arg.HasField("n"):
                 rename_blobs(arg.n.op, mapping)
+                if _is_recurrent(op) and arg.name.endswith("step_net"):
+                    _rename_list(arg.n.external_input, mapping)
             for sub in arg.nets:
                 rename_blobs(sub.op, mapping)
+        if _is_recurrent(op):
+            for b in dict.fromkeys(changed):
+                op.arg.add(name=b + ".rename", s=mapping[b].encode())
 
 
 def compute_statistics(assignments: Iterable[Assignment]) -> Statistics:

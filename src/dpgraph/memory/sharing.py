@@ -54,6 +54,10 @@ def as_netdef(net: Any) -> caffe2_pb2.NetDef:
 
 
 def _has_subnet(op: caffe2_pb2.OperatorDef) -> bool:
+    """An op holding nets whose blob names a rename could not follow.  RecurrentNetwork
+    ops are renamed through their step nets and ``.rename`` arguments instead."""
+    if op.type.startswith("RecurrentNetwork"):
+        return False
     return any(arg.HasField("n") or len(arg.nets) for arg in op.arg)
 
 
