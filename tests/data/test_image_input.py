@@ -309,3 +309,26 @@ def test_gray_output_and_per_channel_means(tmp_path: Path) -> None:
     expected = (bgr - np.array([1.0, 2.0, 3.0], np.float32)) / np.array([2.0, 4.0, 8.0],
                                                                         np.float32)
     np.testing.assert_allclose(workspace.FetchBlob("d")[0], expected, atol=1e-5)
+
+
+def test_resize_modes_jitter_and_lighting(tmp_path: Path) -> None:
+    rgb = _images(1)[0][:20, :30]  # 20 rows, 30 columns
+    write_lmdb(tmp_path / "db", [image_record(jpeg_bytes(rgb, "PNG"), 0)])
+    _reader(tmp_path / "db")
+    _image_input(["d", "l"], batch_size=1, scale=16, crop=16, is_test=1, warp=1)
+    warped = np.asarray(Image.fromarray(rgb).resize((16, 16), Image.Resampling.BOX))
+    np.testing.assert_allclose(workspace.FetchBlob("d")[0], warped[:, :, ::-1], atol=1e-5)
+    _image_input(["d", "l"], batch_size=1, minsize=24, crop=24, is_test=1)  # upscales
+    assert workspace.FetchBlob("d").shape == (1, 24, 24, 3)
+    _image_input(["d", "l"], batch_size=1, minsize=20, crop=20, is_test=1)  # no resize
+    np.testing.assert_array_equal(workspace.FetchBlob("d")[0], rgb[:, 5:25, ::-1])
+    _image_input(["d", "l"], batch_size=1, minsize=16, crop=16, is_test=1)  # never shrinks
+    np.testing.assert_array_equal(workspace.FetchBlob("d")[0], rgb[2:18, 7:23, ::-1])
+    for kwargs in ({"color_jitter": 1, "color_lighting": 1}, {"scale_jitter_type": 1},
+                   {"random_scale": [20, 28]}):
+        _image_input(["d", "l"], batch_size=2, scale=-1 if "random_scale" in kwargs else 20,
+                     crop=16, is_test=0, **kwargs)
+        data = workspace.FetchBlob("d")
+        assert data.shape == (2, 16, 16, 3) and np.isfinite(data).all()
+    with pytest.raises(RuntimeError, match="crop must be"):
+        _image_input(["d", "l"], batch_size=1, scale=10, crop=16, is_test=1)
