@@ -14,9 +14,11 @@ def test_bench_runs_on_one_and_two_devices(capsys) -> None:
     spec = importlib.util.spec_from_file_location("bench_parallelize", BENCH)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    module.main(["--devices", "1", "2"])
+    module.main(["--devices", "1", "3", "--repeat", "1", "--no-passes"])
     result = json.loads(capsys.readouterr().out)
     rows = {r["devices"]: r for r in result["results"]}
     assert rows[1]["net_ops"] > 400  # 53 conv+BN layers, forward and backward
-    assert rows[2]["output_ops"] > 2 * rows[1]["output_ops"]
-    assert all(r["ratio_to_protobuf_copy"] > 0 for r in rows.values())
+    assert rows[3]["output_ops"] > 3 * rows[1]["output_ops"]
+    assert all(r["ratio_to_copyfrom"] > 0 for r in rows.values())
+    assert result["per_op_spread_2_to_64"] == 1.0  # one multi-device row
+    assert set(result["meets"]) == {"16_devices_s", "ratio_to_copyfrom", "per_op_spread"}

@@ -39,6 +39,8 @@ def _state(model: Any) -> dict[str, Any]:
         "computed": [str(p) for p in model._computed_params],
         "infos": [(k, v.name, v.shape, str(v.grad)) for k, v in model._parameters_info.items()],
         "param_to_grad": {str(k): str(v) for k, v in model.param_to_grad.items()},
+        "grad_map": [(str(k), str(v)) for k, v in model.grad_map.items()],
+        "grad_types": sorted({type(v).__name__ for v in model.grad_map.values()}),
         "losses": {d: [str(b) for b in v] for d, v in model._losses_by_gpu.items()},
         "grouped": {k: {d: str(b) for d, b in v.items()}
                     for k, v in model._device_grouped_blobs.items()},
@@ -153,6 +155,27 @@ def test_unscoped_shared_inputs_are_declared_once() -> None:
     inputs = list(model.net.Proto().external_input)
     assert inputs.count("global_offset") == 1
     assert inputs.index("global_offset") < inputs.index("cpu_1/data")
+
+
+def test_gradient_of_a_blob_every_device_reads_is_not_cloned(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An unscoped blob read by every device gets one gradient summed over the devices:
+    the backward pass is not per device, so it runs whole."""
+    def forward(model: Any, loss_scale: float) -> list[Any]:
+        losses = mlp_forward(model, loss_scale)
+        scaled = model.net.Mul([losses[0], core.BlobReference("global_scale")], "scaled",
+                               broadcast=1)
+        return [scaled]
+
+    states = []
+    for clone_from in (replicate.CLONE_MIN_DEVICES, 10**6):
+        monkeypatch.setattr(replicate, "CLONE_MIN_DEVICES", clone_from)
+        with clean_state():
+            model = build([0, 1, 2], forward=forward)
+            states.append(_state(model))
+    assert states[0] == states[1]
+    sums = [op for op in model.net.Proto().op if op.output[0].startswith("global_scale_grad")]
+    assert sums  # accumulated over the devices
 
 
 def test_cloned_params_are_shared_objects_like_built_ones() -> None:

@@ -65,23 +65,32 @@ class Additions:
     losses: Any = None
     #: per net, the ops with their blob lists precomputed (see :func:`plans`)
     compiled: dict[str, list[OpPlan]] = field(default_factory=dict)
-    blobs: set[str] = field(default_factory=set)
 
 
 #: ``(op, inputs, outputs, control inputs, on the first device)``
 OpPlan = tuple[caffe2_pb2.OperatorDef, tuple[str, ...], tuple[str, ...], tuple[str, ...], bool]
 
 
+def plans_of(ops: Iterable[caffe2_pb2.OperatorDef], first_option: caffe2_pb2.DeviceOption
+             ) -> list[OpPlan]:
+    """``ops`` with their blob lists read once (replays only look names up)."""
+    return [(op, tuple(op.input), tuple(op.output), tuple(op.control_input),
+             _on(op, first_option)) for op in ops]
+
+
+def _on(op: caffe2_pb2.OperatorDef, option: caffe2_pb2.DeviceOption) -> bool:
+    """Whether ``op`` runs on ``option``'s device (other option fields, such as autodiff's
+    ``extra_info``, are kept as they are)."""
+    mine = op.device_option
+    return (op.HasField("device_option") and mine.HasField("device_id")
+            and mine.device_type == option.device_type and mine.device_id == option.device_id)
+
+
 def plans(recorded: Additions, first_option: caffe2_pb2.DeviceOption) -> dict[str, list[OpPlan]]:
-    """The recorded ops with their blob lists read once (replays only look names up)."""
+    """The recorded ops as plans, made once per recording."""
     if not recorded.compiled:
-        for net_name, ops in recorded.ops.items():
-            compiled = []
-            for op in ops:
-                ins, outs, ctrl = tuple(op.input), tuple(op.output), tuple(op.control_input)
-                recorded.blobs.update(ins, outs, ctrl)
-                compiled.append((op, ins, outs, ctrl, op.device_option == first_option))
-            recorded.compiled[net_name] = compiled
+        recorded.compiled = {net_name: plans_of(ops, first_option)
+                             for net_name, ops in recorded.ops.items()}
     return recorded.compiled
 
 
@@ -161,9 +170,16 @@ class Renamer:
         self.refs: dict[int, BlobReference] = {}
 
     def name(self, blob: str) -> str:
+        """``<prefix>_<first>/x`` -> ``<prefix>_<device>/x``; also autodiff's split
+        gradients ``_<prefix>_<first>/x_grad_autosplit_0``; other names are kept."""
         renamed = self.cache.get(blob)
         if renamed is None:
-            renamed = self.new + blob[self.cut:] if blob.startswith(self.old) else blob
+            if blob.startswith(self.old):
+                renamed = self.new + blob[self.cut:]
+            elif blob.startswith("_") and blob.startswith(self.old, 1):
+                renamed = "_" + self.new + blob[self.cut + 1:]
+            else:
+                renamed = blob
             self.cache[blob] = renamed
         return renamed
 

@@ -14,6 +14,7 @@ from dpgraph.ir import scope
 from dpgraph.ir.blob import BlobReference
 from dpgraph.parallel import clone
 from dpgraph.parallel._emit import device_option
+from dpgraph.parallel.clone_gradients import add_gradients_by_cloning
 from dpgraph.parallel.passes import parallel_pass
 from dpgraph.parallel.state import ParallelState
 
@@ -120,8 +121,11 @@ def replicate(state: ParallelState) -> None:
 
 def add_gradients(state: ParallelState) -> None:
     """``ConstantFill(loss, loss+"_grad", value=1.0)`` per loss (device scope only), then
-    one ``model.AddGradientOperators`` over every loss."""
+    one ``model.AddGradientOperators`` over every loss (with more than two devices, the
+    first two devices' backward passes and copies of the first's for the others, when
+    the devices' blocks are independent; see :mod:`dpgraph.parallel.clone_gradients`)."""
     model = state.model
+    forward_ops = len(model.net.Proto().op)
     loss_grad: dict[str, str] = {}
     for device in state.devices:
         option = device_option(state.config.device_type, device)
@@ -129,4 +133,6 @@ def add_gradients(state: ParallelState) -> None:
             for loss in state.losses_by_device[device]:
                 grad = model.net.ConstantFill(loss, str(loss) + "_grad", value=1.0)
                 loss_grad[str(loss)] = str(grad)
-    model.AddGradientOperators(loss_grad)
+    if len(state.devices) < CLONE_MIN_DEVICES or not add_gradients_by_cloning(
+            state, forward_ops, loss_grad):
+        model.AddGradientOperators(loss_grad)

@@ -1,0 +1,165 @@
+"""The backward pass by cloning: gradients of the first two devices, copies for the rest.
+
+When the forward net is one block of ops per device (after any ops the model had before
+Parallelize, which no device reads), the backward pass of the whole net is the backward
+passes of the device blocks, last device first.  :func:`add_gradients_by_cloning` runs the
+backward pass for the first two devices' blocks, checks that the second is the first's
+renamed (ops and gradient map), and derives the other devices' gradient ops by renaming;
+it then updates the model as ``ModelHelper.AddGradientOperators`` does.  It returns False,
+having changed nothing, whenever that does not hold (the caller then runs the full pass).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from dpgraph.autodiff.backward import GetBackwardPass
+from dpgraph.ir.blob import GradientSlice
+from dpgraph.parallel.clone import Renamer, plans_of
+from dpgraph.parallel.state import ParallelState
+from dpgraph.proto import caffe2_pb2
+
+OpList = list[caffe2_pb2.OperatorDef]
+
+
+def _device_of(op: caffe2_pb2.OperatorDef, prefix: str) -> str | None:
+    """The ``<prefix>_<d>`` scope every output of ``op`` is in (None: unscoped or mixed)."""
+    scopes = {out.split("/", 1)[0] if "/" in out else "" for out in op.output}
+    if len(scopes) != 1:
+        return None
+    (head,) = scopes
+    return head if head.startswith(prefix + "_") else None
+
+
+def device_blocks(ops: Sequence[caffe2_pb2.OperatorDef], state: ParallelState
+                  ) -> list[OpList] | None:
+    """One contiguous block of forward ops per device, in device order, after a head of
+    unscoped ops no device reads; None otherwise."""
+    prefix = state.config.device_prefix
+    start = 0
+    while start < len(ops) and _device_of(ops[start], prefix) is None:
+        start += 1
+    head_outputs = {out for op in ops[:start] for out in op.output}
+    blocks: list[OpList] = []
+    index = start
+    for device in state.devices:
+        scope = state.namescope(device)
+        block: OpList = []
+        while index < len(ops) and _device_of(ops[index], prefix) == scope:
+            block.append(ops[index])
+            index += 1
+        if not block or any(b in head_outputs for op in block for b in op.input):
+            return None
+        blocks.append(block)
+    return blocks if index == len(ops) else None
+
+
+def _renamed_value(value: Any, renamer: Renamer) -> Any:
+    if isinstance(value, GradientSlice):
+        return GradientSlice(indices=renamer.ref(value.indices),
+                             values=renamer.ref(value.values))
+    return renamer.ref(value)
+
+
+def _value_names(value: Any) -> tuple[str, ...]:
+    if isinstance(value, GradientSlice):
+        return ("slice", str(value.indices), str(value.values))
+    return ("dense", str(value))
+
+
+def _scoped(grad_map: dict[Any, Any], ops: OpList, scope: str) -> bool:
+    """Every gradient blob (map and op outputs) is in the device's scope."""
+    names = [str(k) for k in grad_map]
+    names += [n for v in grad_map.values() for n in _value_names(v)[1:]]
+    names += [out for op in ops for out in op.output]
+    return all(n.startswith(scope) or n.startswith("_" + scope) for n in names)
+
+
+def _ys(state: ParallelState, device: int, loss_grad: dict[str, str]) -> dict[str, str]:
+    return {str(loss): loss_grad[str(loss)] for loss in state.losses_by_device[device]}
+
+
+def _renamer(state: ParallelState, device: int) -> Renamer:
+    config = state.config
+    return Renamer(config.device_prefix, config.devices[0], device, config.device_type)
+
+
+def _same(ops: OpList, grad_map: dict[Any, Any], real_ops: OpList,
+          real_map: dict[Any, Any]) -> bool:
+    return (len(ops) == len(real_ops)
+            and all(a.SerializeToString() == b.SerializeToString()
+                    for a, b in zip(ops, real_ops))
+            and [(str(k), _value_names(v)) for k, v in grad_map.items()]
+            == [(str(k), _value_names(v)) for k, v in real_map.items()])
+
+
+def _cloned(ops: OpList, grad_map: dict[Any, Any], renamer: Renamer
+            ) -> tuple[OpList, dict[Any, Any]]:
+    compiled = plans_of(ops, renamer.first_option)
+    targets = [caffe2_pb2.OperatorDef() for _ in ops]
+    renamer.ops_into(compiled, targets)
+    return targets, {renamer.ref(k): _renamed_value(v, renamer) for k, v in grad_map.items()}
+
+
+def add_gradients_by_cloning(state: ParallelState, forward_ops: int,
+                             loss_grad: dict[str, str]) -> bool:
+    """The backward pass of the net's first ``forward_ops`` ops for ``loss_grad`` (loss ->
+    its gradient blob), by cloning; False (nothing changed) when it does not apply."""
+    model, devices = state.model, state.devices
+    if len(devices) < 3 or model.gradient_ops_added:
+        return False
+    proto = model.net.Proto()
+    blocks = device_blocks(proto.op[:forward_ops], state)
+    if blocks is None:
+        return False
+    # the loss-gradient fills come after the forward ops; the full pass sees them too
+    for block, device in zip(blocks, devices):
+        scope = state.namescope(device)
+        block.extend(op for op in proto.op[forward_ops:]
+                     if _device_of(op, state.config.device_prefix) == scope)
+    ops0, map0 = GetBackwardPass(blocks[0], _ys(state, devices[0], loss_grad))
+    if not _scoped(map0, ops0, state.namescope(devices[0]) + "/"):
+        return False
+    ops1, map1 = GetBackwardPass(blocks[1], _ys(state, devices[1], loss_grad))
+    if not _same(*_cloned(ops0, map0, _renamer(state, devices[1])), ops1, map1):
+        return False
+    per_device = {devices[0]: (list(ops0), map0), devices[1]: (list(ops1), map1)}
+    for device in devices[2:]:
+        per_device[device] = _cloned(ops0, map0, _renamer(state, device))
+    _publish_gradients(model, *_merged(per_device, devices, loss_grad))
+    return True
+
+
+def _merged(per_device: dict[int, tuple[OpList, dict[Any, Any]]], devices: Sequence[int],
+            loss_grad: dict[str, str]) -> tuple[OpList, dict[Any, Any]]:
+    """The full pass's order: the gradient ops of the last device first; in the map the
+    losses first (in ``loss_grad`` order), then each device's blobs, last device first."""
+    grad_ops: OpList = []
+    grad_map: dict[Any, Any] = {}
+    for device in devices:
+        grad_map.update((k, v) for k, v in per_device[device][1].items()
+                        if str(k) in loss_grad)
+    for device in reversed(devices):
+        ops, device_map = per_device[device]
+        grad_ops += ops
+        grad_map.update((k, v) for k, v in device_map.items() if str(k) not in loss_grad)
+    return grad_ops, grad_map
+
+
+def _publish_gradients(model: Any, grad_ops: OpList, grad_map: dict[Any, Any]) -> None:
+    """What ``ModelHelper.AddGradientOperators`` records after its backward pass."""
+    from dpgraph.modeling.parameter_info import ParameterInfo
+
+    model.Validate()
+    model.net.extend_ops(grad_ops)
+    model.gradient_ops_added = True
+    model.grad_map = grad_map
+    model.param_to_grad = model.get_param_to_grad(model.params)
+    for param, grad in model.param_to_grad.items():
+        info = model.get_param_info(param)
+        if info:
+            info.grad = grad
+        else:
+            model._parameters_info[param] = ParameterInfo(param_id=None, param=param,
+                                                          grad=grad)
