@@ -166,3 +166,51 @@ def test_row_wise_counter_decays_by_half_life():
     np.testing.assert_array_equal(out[0], [6, 6, 0])
     c1 = 1 + 2 ** (-4 / 2) * 3.0            # first touch of row 1: Δ = 4
     np.testing.assert_allclose(out[1], [1 + 2 ** (-6 / 2) * 0.0, 1 + 1.0 * c1, 1.0])
+
+
+# --- Wngrad / Adadelta (kernels in ops/optim.py, used by the final builders) -------------------
+@pytest.mark.parametrize("device", DEVICES, ids=["cpu", "gpu"])
+def test_wngrad_dense(device):
+    w, g = _rand(3, 2, seed=20), _rand(3, 2, seed=21)
+    b, lr = np.array([2.0], np.float32), np.array([-0.5], np.float32)
+    out = _run("Wngrad", [w, b, g, lr], [0, 1, "eff", "upd"], device, epsilon=0.1)
+    np.testing.assert_allclose(out[0], w + (-0.5) * g / 2.1, rtol=1e-5)
+    np.testing.assert_allclose(out[1], [2.0 + np.sum(g.astype(np.float64) ** 2) / 2.1],
+                               rtol=1e-5)
+    np.testing.assert_allclose(out[2], [-0.5 / 2.1], rtol=1e-5)
+    np.testing.assert_allclose(out[3], (-0.5 / 2.1) * g, rtol=1e-5)
+
+
+def test_sparse_wngrad_updates_indexed_rows():
+    w, values = _rand(4, 2, seed=22), _rand(2, 2, seed=23)
+    b, lr = np.array([3.0], np.float32), np.array([-0.5], np.float32)
+    out = _run("SparseWngrad", [w, b, np.array([2, 0], np.int64), values, lr], [0, 1],
+               DEVICES[0], epsilon=1e-9)
+    expected = w.copy()
+    expected[[2, 0]] += (-0.5) * values / 3.0
+    np.testing.assert_allclose(out[0], expected, rtol=1e-5)
+    np.testing.assert_allclose(out[1], [3.0 + np.sum(values.astype(np.float64) ** 2) / 3.0],
+                               rtol=1e-5)
+
+
+def _adadelta_ref(w, h, d, g, lr, eps, decay):
+    new_h = decay * h + (1 - decay) * g * g
+    ng = np.sqrt(d + eps) / np.sqrt(new_h + eps) * g
+    return w + lr * ng, new_h, decay * d + (1 - decay) * ng * ng
+
+
+@pytest.mark.parametrize("device", DEVICES, ids=["cpu", "gpu"])
+def test_adadelta_dense_and_sparse(device):
+    w, g = _rand(3, 2, seed=24), _rand(3, 2, seed=25)
+    h, d = np.abs(_rand(3, 2, seed=26)), np.abs(_rand(3, 2, seed=27))
+    lr = np.array([-0.3], np.float32)
+    out = _run("Adadelta", [w, h, d, g, lr], [0, 1, 2], device, epsilon=1e-3, decay=0.9)
+    for got, want in zip(out, _adadelta_ref(w, h, d, g, -0.3, 1e-3, 0.9)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    idx = np.array([1], np.int64)
+    out = _run("SparseAdadelta", [w, h, d, idx, g[1:2], lr], [0, 1, 2], device, epsilon=1e-3,
+               decay=0.9)
+    ref = _adadelta_ref(w[1], h[1], d[1], g[1], -0.3, 1e-3, 0.9)
+    for got, want, orig in zip(out, ref, (w, h, d)):
+        np.testing.assert_allclose(got[1], want, rtol=1e-5, atol=1e-6)
+        np.testing.assert_array_equal(np.delete(got, 1, axis=0), np.delete(orig, 1, axis=0))
