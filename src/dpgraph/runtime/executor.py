@@ -42,28 +42,56 @@ class SimpleExecutor:
         """Nothing to release."""
 
 
-def dependencies(ops: Sequence[OpInstance]) -> list[set[int]]:
-    """For each op, the earlier ops it must wait for (data, anti, output, control, order)."""
+#: Collectives whose input 0 is a common world: ordered per world (see dependencies).
+WORLD_COLLECTIVES = frozenset({"Allreduce", "Broadcast", "Reduce", "Allgather",
+                               "ReduceScatter", "Barrier"})
+
+
+def _world_of(inst: OpInstance) -> str | None:
+    return inst.inputs[0] if inst.type in WORLD_COLLECTIVES and inst.inputs else None
+
+
+def _order_side_effect(j: int, world: str | None, deps: set[int], state: dict[str, Any]) -> None:
+    """Chain op ``j`` (with side effects) after the ops it must follow: everything for a
+    plain side effect, the previous plain one and its own world's tail for a collective."""
+    if state["last"] is not None:
+        deps.add(state["last"])
+    tails: dict[str, int] = state["tails"]
+    if world is not None:
+        if world in tails:
+            deps.add(tails[world])
+        tails[world] = j
+        return
+    deps.update(tails.values())
+    tails.clear()
+    state["last"] = j
+
+
+def dependencies(ops: Sequence[OpInstance], num_workers: int = 1) -> list[set[int]]:
+    """For each op, the earlier ops it must wait for (data, anti, output, control, order).
+
+    Ops with side effects keep their relative order, except that collectives on different
+    common worlds may overlap when the net uses fewer worlds than ``num_workers`` (each
+    rank can then have one collective in flight on every world, so ranks cannot wait on
+    each other in a cycle); collectives on one world keep their order.
+    """
+    worlds = {w for w in map(_world_of, ops) if w is not None}
+    per_world = 1 < len(worlds) < num_workers
     last_writer: dict[str, int] = {}
     readers: dict[str, list[int]] = {}
-    last_side_effect: int | None = None
+    order: dict[str, Any] = {"last": None, "tails": {}}
     result: list[set[int]] = []
     for j, inst in enumerate(ops):
         deps: set[int] = set()
-        for b in inst.inputs:
+        for b in (*inst.inputs, *inst.control):
             if b in last_writer:
                 deps.add(last_writer[b])
         for b in inst.outputs:
             if b in last_writer:
                 deps.add(last_writer[b])
             deps.update(readers.get(b, ()))
-        for b in inst.control:
-            if b in last_writer:
-                deps.add(last_writer[b])
         if inst.schema.side_effects:
-            if last_side_effect is not None:
-                deps.add(last_side_effect)
-            last_side_effect = j
+            _order_side_effect(j, _world_of(inst) if per_world else None, deps, order)
         deps.discard(j)
         result.append(deps)
         for b in inst.inputs:
@@ -117,7 +145,7 @@ class DagExecutor:
         self.ops = list(ops)
         self.num_workers = max(1, num_workers)
         self.name = name
-        deps = dependencies(self.ops)
+        deps = dependencies(self.ops, self.num_workers)
         self.indegree = [len(d) for d in deps]
         self.children: list[list[int]] = [[] for _ in self.ops]
         for j, parents in enumerate(deps):
