@@ -202,15 +202,10 @@ class DecayAdagradOptimizer(Optimizer):
         self.policy = policy
         self.engine = engine
         self.init_kwargs = kwargs
-        self._process_ema_options(ema_options)
-
-    def _process_ema_options(self, ema_options: Any) -> None:
-        self.ema_enabled = bool(ema_options)
-        if self.ema_enabled:
-            self.ema_start = ema_options.get("ema_start")
-            self.ema_end = ema_options.get("ema_end")
-            self.ema_step = ema_options.get("ema_step")
-            self.ema_alpha = ema_options.get("ema_alpha")
+        if ema_options:
+            raise ModelConfigError(
+                "DecayAdagradOptimizer: ema_options is not supported by dpgraph (it needs "
+                "Caffe2's EMA op); drop the option.")
 
     def _run(self, net: Any, param_init_net: Any, param_info: ParameterInfo) -> None:
         param, grad = param_info.blob, param_info.grad
@@ -234,11 +229,6 @@ class DecayAdagradOptimizer(Optimizer):
                          beta1=self.beta1, beta2=self.beta2, epsilon=self.epsilon,
                          weight_decay=self.weight_decay,
                          bias_correction_first=self.bias_correction_first)
-        if self.ema_enabled:
-            ema = param_init_net.ConstantFill([param], str(param) + "_ema", value=0.0)
-            self._aux_params.local.append(ema)
-            net.EMA([param, ema, iteration], [param, ema], ema_start=self.ema_start,
-                    ema_end=self.ema_end, ema_step=self.ema_step, ema_alpha=self.ema_alpha)
 
     def scale_learning_rate(self, scale: float) -> None:
         self.alpha *= scale
