@@ -71,6 +71,24 @@ def test_relu_inplace_allowed() -> None:
     np.testing.assert_array_equal(state["X"], [0.0, 2.0])
 
 
+def test_relu_and_gradient_run_in_place_as_caffe2() -> None:
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((4, 6)).astype(np.float32)
+    buffer = x.copy()
+    (y,) = run_op(CreateOperator("Relu", ["x"], ["x"]), [buffer])
+    assert y is buffer
+    np.testing.assert_array_equal(y, np.maximum(x, 0))
+    dy = rng.standard_normal((4, 6)).astype(np.float32)
+    dy_buffer = dy.copy()
+    (dx,) = run_op(CreateOperator("ReluGradient", ["y", "dy"], ["dy"]), [y, dy_buffer])
+    assert dx is dy_buffer
+    np.testing.assert_array_equal(dx, dy * (y > 0))
+    (fresh,) = run_op(CreateOperator("ReluGradient", ["y", "dy"], ["dx"]), [y, dy])
+    np.testing.assert_array_equal(fresh, dx)
+    (half,) = run_op(CreateOperator("Relu", ["x"], ["x"]), [x.astype(np.float16)])
+    assert half.dtype == np.float16
+
+
 def test_relu_means_like_brew_test() -> None:
     (pos,) = run_op(CreateOperator("Relu", ["X"], ["Y"]), [np.full((4, 4), 0.5, np.float32)])
     (neg,) = run_op(CreateOperator("Relu", ["X"], ["Y"]), [np.full((4, 4), -0.5, np.float32)])
