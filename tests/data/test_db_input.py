@@ -139,3 +139,13 @@ def test_blobs_queue_db_feeds_tensor_protos_db_input() -> None:
         seen.extend(labels.tolist())
     assert sorted(seen) == list(range(num_samples))
     workspace.RunOperatorOnce(core.CreateOperator("CloseBlobsQueue", ["queue"], []))
+
+
+def test_interpreter_exits_with_a_prefetch_blocked_on_a_queue() -> None:
+    import subprocess
+    import sys
+
+    script = Path(__file__).with_name("_exit_with_blocked_prefetch.py")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0 and "ran; exiting" in done.stdout, done.stderr[-2000:]

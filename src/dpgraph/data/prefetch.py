@@ -16,8 +16,21 @@ from typing import Any
 
 import numpy as np
 
+from dpgraph.ops.queue import cancel_blocking_waits
+
 _POOLS: dict[int, ThreadPoolExecutor] = {}
 _LOCK = threading.Lock()
+
+
+def _release_pool_threads() -> None:
+    """At interpreter exit, before the pools are joined: a decode or prefetch task blocked
+    on a blobs queue (an ImageInput over CreateBlobsQueueDB) gives up instead of hanging."""
+    pools = list(_POOLS.values()) + list(_PREFETCH_POOL)
+    cancel_blocking_waits(t.ident for pool in pools for t in getattr(pool, "_threads", ()))
+
+
+if hasattr(threading, "_register_atexit"):  # runs before concurrent.futures joins its pools
+    threading._register_atexit(_release_pool_threads)
 
 
 def decode_pool(threads: int) -> ThreadPoolExecutor:
