@@ -155,3 +155,15 @@ def test_counter_ops() -> None:
     assert got == [False, False, True, False]
     assert int(workspace.FetchBlob("n")) == -1 and int(workspace.FetchBlob("prev")) == -1
     assert int(workspace.FetchBlob("before")) == 5
+
+
+def test_counter_blobs_save_and_load(tmp_path) -> None:
+    path = str(tmp_path / "counter.minidb")
+    workspace.RunOperatorOnce(core.CreateOperator("CreateCounter", [], ["ctr"], init_count=22))
+    workspace.RunOperatorOnce(core.CreateOperator("Save", ["ctr"], [], absolute_path=1,
+                                                  db=path, db_type="minidb"))
+    workspace.RunOperatorOnce(core.CreateOperator("CountUp", ["ctr"], ["ignored"]))
+    workspace.RunOperatorOnce(core.CreateOperator("Load", [], ["ctr"], absolute_path=1,
+                                                  db=path, db_type="minidb"))
+    workspace.RunOperatorOnce(core.CreateOperator("RetrieveCount", ["ctr"], ["n"]))
+    assert int(workspace.FetchBlob("n")) == 22

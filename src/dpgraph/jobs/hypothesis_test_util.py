@@ -218,6 +218,19 @@ gcs_no_hip = {"gc": st.sampled_from(_device_options_no_hip),
               "dc": st.just(_device_options_no_hip)}
 
 
+def mkl_test_strategies() -> tuple[Any, ...]:
+    """``(mkl_do, device_options, gcs, gcs_cpu_only, gcs_gpu_only, gcs_mkl_only,
+    gcs_cpu_mkl)`` of Caffe2's mkl_test_util (no MKL-DNN device in dpgraph)."""
+    mkl_do = caffe2_pb2.DeviceOption(device_type=caffe2_pb2.PROTO_MKLDNN)
+    options = list(device_options)
+    return (mkl_do, options,
+            {"gc": st.sampled_from(options), "dc": st.just(options)},
+            {"gc": st.sampled_from([cpu_do]), "dc": st.just([cpu_do])},
+            {"gc": st.sampled_from([gpu_do]), "dc": st.just([gpu_do])},
+            {"gc": st.sampled_from([mkl_do]), "dc": st.just([mkl_do])},
+            {"gc": st.sampled_from([cpu_do, mkl_do]), "dc": st.just([cpu_do, mkl_do])})
+
+
 @contextlib.contextmanager
 def temp_workspace(name: Any = b"temp_ws") -> Iterator[None]:
     """Run in workspace ``name`` (reset afterwards), then switch back."""
@@ -462,6 +475,7 @@ __all__ = [
     "HypothesisTestCase", "arrays", "cpu_do", "cuda_do", "device_checker_device_options",
     "device_options", "dims", "elements_of_type", "expanded_device_options", "gcs",
     "gcs_cpu_only", "gcs_cuda_only", "gcs_gpu_only", "gcs_no_hip", "gpu_do",
+    "mkl_test_strategies",
     "gradient_checker_device_option", "hip_do", "is_sandcastle", "is_travis", "lengths",
     "lengths_tensor", "runOpBenchmark", "runOpOnInput", "segment_ids", "segmented_tensor",
     "sparse_lengths_tensor", "sparse_segmented_tensor", "temp_workspace", "tensor",

@@ -21,10 +21,12 @@ from typing import Any
 import numpy as np
 
 from dpgraph.errors import ArgumentError, OperatorError
+from dpgraph.ir.blob_serde import TypeSerializer, register_type
 from dpgraph.ir.registry import register_gradient, register_op
 from dpgraph.ops._common import to_host
 from dpgraph.ops.context import OpContext, Outputs
 from dpgraph.ops.fill import no_gradient
+from dpgraph.proto import caffe2_pb2
 
 _MISSING = object()
 
@@ -348,6 +350,27 @@ def retrieve_count(ctx: OpContext) -> Outputs:
     with counter.lock:
         return (np.array(counter.count, np.int64),)
 
+
+COUNTER_TYPE = "std::unique_ptr<Counter<int64_t>>"
+
+
+def _serialize_counter(name: str, counter: Counter) -> bytes:
+    """The count as an INT64 [1] TensorProto (Caffe2 puts that tensor in the BlobProto's
+    ``tensor`` field; dpgraph's type serializers write ``content``)."""
+    proto = caffe2_pb2.TensorProto(name=name, data_type=caffe2_pb2.TensorProto.INT64,
+                                   dims=[1])
+    with counter.lock:
+        proto.int64_data.append(counter.count)
+    return proto.SerializeToString()
+
+
+def _deserialize_counter(content: bytes) -> Counter:
+    proto = caffe2_pb2.TensorProto.FromString(content)
+    return Counter(int(proto.int64_data[0]) if proto.int64_data else 0)
+
+
+register_type(TypeSerializer(COUNTER_TYPE, lambda v: isinstance(v, Counter),
+                             _serialize_counter, _deserialize_counter))
 
 for _type in ("CreateCounter", "ResetCounter", "CountDown", "CheckCounterDone", "CountUp",
               "RetrieveCount"):

@@ -248,6 +248,10 @@ def __getattr__(name: str) -> Any:
         from dpgraph.db import Mode
 
         return Mode
+    if name in ("has_cuda_support", "has_gpu_support"):
+        from dpgraph.runtime.devices import NumGpuDevices
+
+        return NumGpuDevices() > 0
     if name in _CPP_ONLY:
         raise NotSupportedError(
             f"workspace.C.{name} is a C++ internal of Caffe2 with no dpgraph equivalent; "
@@ -394,6 +398,8 @@ def num_cuda_devices() -> int:
 
 
 is_asan = False
+has_mkldnn = False
+has_hip_support = False
 use_mkldnn = False
 use_trt = False
 define_caffe2_no_operator_schema = False
