@@ -6,6 +6,7 @@ from typing import Any
 import numpy as np
 
 from dpgraph.ir.arguments import MakeArgument, argument_value
+from dpgraph.ir.blob_serde import numpy_to_tensor_proto, tensor_proto_to_numpy
 from dpgraph.runtime import devices as _devices
 from dpgraph.runtime.api import current as _current_workspace
 
@@ -24,6 +25,25 @@ def BuildUniqueMutexIter(init_net: Any, net: Any, iter: Any = None, iter_mutex: 
     from dpgraph.modeling.optimizer.base import BuildUniqueMutexIter as build
 
     return build(init_net, net, iter, iter_mutex, iter_val)
+
+
+def CaffeBlobToNumpyArray(blob: Any) -> np.ndarray:
+    """A Caffe 1 ``BlobProto`` as a float32 array (legacy num/channels/height/width, or
+    ``shape.dim``)."""
+    data = np.asarray(blob.data, dtype=np.float32)
+    if blob.num != 0:
+        return data.reshape(blob.num, blob.channels, blob.height, blob.width)
+    return data.reshape(tuple(blob.shape.dim))
+
+
+def Caffe2TensorToNumpyArray(tensor: Any) -> np.ndarray:
+    """A ``TensorProto`` as a numpy array of its data type."""
+    return tensor_proto_to_numpy(tensor)
+
+
+def NumpyArrayToCaffe2Tensor(arr: Any, name: str | None = None) -> Any:
+    """A numpy array as a ``TensorProto`` (dims, data_type, data, and ``name`` if given)."""
+    return numpy_to_tensor_proto(np.asarray(arr), name)
 
 
 _peak_lock = threading.Lock()
@@ -57,5 +77,6 @@ def GetGPUMemoryUsageStats() -> dict[str, Any]:
             "max_total": int(peak.sum())}
 
 
-__all__ = ["ArgsToDict", "BuildUniqueMutexIter", "GetGPUMemoryUsageStats", "ITERATION_MUTEX_NAME", "MakeArgument",
-           "OPTIMIZER_ITERATION_NAME"]
+__all__ = ["ArgsToDict", "BuildUniqueMutexIter", "Caffe2TensorToNumpyArray",
+           "CaffeBlobToNumpyArray", "GetGPUMemoryUsageStats", "ITERATION_MUTEX_NAME",
+           "MakeArgument", "NumpyArrayToCaffe2Tensor", "OPTIMIZER_ITERATION_NAME"]

@@ -25,6 +25,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _mini_detectron as mini  # noqa: E402
+
 from dpgraph import workspace  # noqa: E402
 
 R50 = dict(stem=64, stages=((64, 256, 3), (128, 512, 4), (256, 1024, 6), (512, 2048, 3)),

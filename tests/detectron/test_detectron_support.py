@@ -119,7 +119,8 @@ DETECTRON_NAMES = {
     "caffe2.python.muji": ["Allreduce", "OnGPU"],
     "caffe2.python.memonger": ["share_grad_blobs"],
     "caffe2.python.net_drawer": ["GetPydotGraph", "GetPydotGraphMinimal"],
-    "caffe2.python.utils": ["GetGPUMemoryUsageStats", "MakeArgument"],
+    "caffe2.python.utils": ["GetGPUMemoryUsageStats", "MakeArgument",
+                            "Caffe2TensorToNumpyArray"],
     "caffe2.python.dyndep": ["InitOpsLibrary"],
     "caffe2.python.scope": ["_NAMESCOPE_SEPARATOR"],
     "caffe2.python.cnn": ["CNNModelHelper"],
@@ -141,3 +142,18 @@ def test_every_caffe2_python_name_detectron_uses_exists() -> None:
     from caffe2.python.modeling.parameter_info import ParameterTags
 
     assert ParameterTags.WEIGHT and ParameterTags.BIAS
+
+
+def test_tensor_conversions_round_trip() -> None:
+    for array in (np.arange(6, dtype=np.float32).reshape(2, 3), np.arange(4, dtype=np.int32),
+                  np.array([[1.5]], np.float64)):
+        tensor = utils.NumpyArrayToCaffe2Tensor(array, "t")
+        assert tensor.name == "t" and list(tensor.dims) == list(array.shape)
+        back = utils.Caffe2TensorToNumpyArray(tensor)
+        assert back.dtype == array.dtype
+        np.testing.assert_array_equal(back, array)
+
+    class LegacyBlob:  # Caffe 1 BlobProto fields
+        num, channels, height, width, data = 1, 2, 1, 3, list(range(6))
+
+    assert utils.CaffeBlobToNumpyArray(LegacyBlob()).shape == (1, 2, 1, 3)

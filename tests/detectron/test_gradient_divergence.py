@@ -13,10 +13,10 @@ Detectron losses; fed blobs in place of the Python-op data path) is checked in f
 
 from __future__ import annotations
 
+import _mini_detectron as mini
 import numpy as np
 import pytest
 
-import _mini_detectron as mini
 from dpgraph import workspace
 
 torch = pytest.importorskip("torch")
