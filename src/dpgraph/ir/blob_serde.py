@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from dpgraph.errors import CorruptDataError, ProtoError, ResourceLimitError, SerializationError
+from dpgraph.ir.arrays import is_array, to_host
 from dpgraph.proto import caffe2_pb2
 
 
@@ -92,11 +93,6 @@ def value_data_type(value: Any) -> int | None:
         return None
 
 
-def _host(value: Any) -> Any:
-    """A CuPy array copied to the host (recognised without importing CuPy)."""
-    return value.get() if type(value).__module__.startswith("cupy") else value
-
-
 def _as_bytes(value: Any) -> bytes:
     return value.encode("utf-8") if isinstance(value, str) else bytes(value)
 
@@ -150,7 +146,7 @@ def tensor_chunk(array: Any, name: str | None, begin: int, end: int, device: Any
                  *, float_format: int = FLOAT_DEFAULT, raw: bool = False,
                  segment: bool = True) -> caffe2_pb2.TensorProto:
     """The TensorProto of elements ``[begin, end)`` of ``array`` (Caffe2's field order)."""
-    array = np.asarray(_host(array))
+    array = np.asarray(to_host(array))
     data_type = numpy_to_data_type(array.dtype)
     proto = DT()
     proto.dims.extend(array.shape)
@@ -172,7 +168,7 @@ def numpy_to_tensor_proto(array: Any, name: str | None = None, *,
                           raw: bool = False) -> caffe2_pb2.TensorProto:
     """A whole array as a plain TensorProto (dims, data_type, data, name) — the form
     ``TensorProtos`` DB records and ``FeedBlob(TensorProto)`` use."""
-    array = np.asarray(_host(array))
+    array = np.asarray(to_host(array))
     if array.dtype.kind in "SU":
         array = np.array([_as_bytes(v) for v in array.reshape(-1).tolist()],
                          dtype=object).reshape(array.shape)
@@ -278,8 +274,8 @@ def register_type(serializer: TypeSerializer) -> None:
 
 
 def is_tensor(value: Any) -> bool:
-    return isinstance(value, (np.ndarray, np.generic)) or \
-        type(value).__module__.startswith("cupy")
+    """Arrays (numpy or CuPy) and numpy scalars serialize as tensors."""
+    return isinstance(value, np.generic) or is_array(value)
 
 
 def chunk_count(numel: int, chunk_size: int) -> int:
@@ -332,7 +328,7 @@ def serialize_blob_chunks(name: str, value: Any, device: Any = None,
     if not is_tensor(value):
         yield name, serialize_blob(name, value, device)
         return
-    array = np.asarray(_host(value))
+    array = np.asarray(to_host(value))
     numel = int(array.size)
     size = chunk_size if chunk_size > 0 else numel + 1
     fast = array.dtype in _RAW_PACKED and float_format != FLOAT_BFLOAT16
@@ -358,7 +354,7 @@ def serialize_blob(name: str, value: Any, device: Any = None) -> bytes:
         raise TensorProtoError(f"Blob {name!r} is empty and cannot be serialized; feed it a "
                                  "value (or run the net that produces it) first.")
     elif is_tensor(value):
-        array = np.asarray(_host(value))
+        array = np.asarray(to_host(value))
         proto.type = "Tensor"
         proto.tensor.CopyFrom(tensor_chunk(array, name, 0, array.size, device))
     else:
