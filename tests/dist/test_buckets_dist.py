@@ -93,8 +93,8 @@ def run_rank(cfg: dict[str, Any], out_path: str) -> dict[str, Any]:
 
 def launch(store: dict[str, Any], size: int, scenario: str = "buckets",
            **extra: Any) -> list[dict[str, Any]]:
-    configs = _launch.rank_configs(scenario, size, store, 5000, iters=3, **extra)
-    results = _launch.launch(run_rank, configs, 60.0)
+    configs = _launch.rank_configs(scenario, size, store, 15000, iters=3, **extra)
+    results = _launch.launch(run_rank, configs, 90.0)
     for result in results:
         assert result["ok"] is True, result.get("traceback", result)
     return results
@@ -118,8 +118,8 @@ def test_staged_other_engine_on_virtual_gpus_bitwise(file_store: dict[str, Any])
         assert len(result["sgd"]["buckets"]) == 1
 
 
-def test_three_processes_within_the_reassociation_bound(tcp_store: dict[str, Any]) -> None:
-    results = launch(tcp_store, 3, devices=[0], updates=["sgd"], bucket_mb="auto")
+def test_three_processes_within_the_reassociation_bound(file_store: dict[str, Any]) -> None:
+    results = launch(file_store, 3, devices=[0], updates=["sgd"], bucket_mb="auto")
     eps = 2.0 ** -24
     for result in results:
         # 3 SGD steps of lr 0.1 on gradients bounded by the params' scale
