@@ -156,7 +156,7 @@ class Net:
         if not inputs:
             raise NetError("AddExternalInput needs at least one input.")
         # Caffe2 returns unbound references here (its _get_blob_ref never passes the net).
-        names = [blob_name(i, "external input") for i in inputs]
+        names = [_external_input_name(i) for i in inputs]
         refs = [BlobReference(n) for n in names]
         self._lookup()
         for name in names:
@@ -256,6 +256,7 @@ class Net:
         """A copy named ``name`` with blobs renamed through ``blob_remap`` and only the
         ops of ``op_id_mask`` (in mask order)."""
         remap = {str(k): str(v) for k, v in (blob_remap or {}).items()}
+        remap_funcs = {**DEFAULT_REMAP_FUNCS, **(remap_funcs or {})}
 
         def rename(blob: str) -> str:
             return remap.get(blob, blob)
@@ -269,7 +270,7 @@ class Net:
             op = proto.op.add()
             op.CopyFrom(self._net.op[index])
             _rename_op(op, rename)
-            if remap_funcs and op.type in remap_funcs:
+            if op.type in remap_funcs:
                 remap_funcs[op.type](op, name + "/" if name else "", remap)
         for field in ("external_input", "external_output"):
             renamed = [rename(b) for b in getattr(proto, field)]
@@ -335,7 +336,7 @@ class Net:
             copy = caffe2_pb2.OperatorDef()
             copy.CopyFrom(op)
             if device_option is not None:
-                copy.device_option.CopyFrom(device_option)
+                _place_with_step_nets(copy, device_option)
             new_ops.append(copy)
         self._ExtendOps(new_ops)
         return self
@@ -511,3 +512,49 @@ def clone_and_bind_net(net: Net, name: str, prefix: str,
     for blob in undefined:
         blob_remap.setdefault(blob, blob)
     return net.Clone(name, blob_remap, keep_schema=keep_schema), blob_remap
+
+
+def _external_input_name(blob: Any) -> str:
+    """Caffe2 names an external input ``str(input)``, whatever the object."""
+    if isinstance(blob, (str, bytes, BlobReference)):
+        return blob_name(blob, "external input")
+    return str(blob)
+
+
+def _place_with_step_nets(op: caffe2_pb2.OperatorDef,
+                          device_option: caffe2_pb2.DeviceOption) -> None:
+    """Put ``op`` (and, for RecurrentNetwork, its step nets' ops) on ``device_option``."""
+    op.device_option.CopyFrom(device_option)
+    if op.type != "RecurrentNetwork":
+        return
+    for argument in op.arg:
+        if argument.name.endswith("step_net"):
+            for step_op in argument.n.op:
+                step_op.device_option.CopyFrom(device_option)
+
+
+def recurrent_network_op_remap(op: caffe2_pb2.OperatorDef, prefix: str,
+                               blob_remap: dict[str, str]) -> None:
+    """Caffe2's remap for RecurrentNetwork(-Gradient) in ``Net.Clone``: every string-list
+    argument element, the ``timestep`` argument and every ``*step_net`` argument (cloned
+    as ``cloned_sub_net``) go through ``blob_remap``."""
+    def remapped(value: bytes) -> bytes:
+        name = value.decode("utf-8")
+        return blob_remap.get(name, name).encode("utf-8")
+
+    for argument in op.arg:
+        if len(argument.strings) > 0:
+            for i, value in enumerate(argument.strings):
+                argument.strings[i] = remapped(value)
+        elif argument.name == "timestep":
+            argument.s = remapped(argument.s)
+        elif argument.name.endswith("step_net") and argument.HasField("n"):
+            cloned = Net(argument.n).Clone("cloned_sub_net", blob_remap)
+            argument.n.CopyFrom(cloned.Proto())
+
+
+#: Remap functions ``Net.Clone`` always applies (a caller's ``remap_funcs`` override them).
+DEFAULT_REMAP_FUNCS: dict[str, Callable[..., Any]] = {
+    "RecurrentNetwork": recurrent_network_op_remap,
+    "RecurrentNetworkGradient": recurrent_network_op_remap,
+}
