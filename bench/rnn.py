@@ -7,22 +7,31 @@ unit forward; the reverse loop with the unit's gradient and the three weight gra
 timed in the same process in alternating rounds.  ``ratio`` = dpgraph time / numpy time
 (target <= 1.5).  Both are checked to compute the same parameter gradients first.
 
+BLAS runs on one thread for both sides unless ``BENCH_BLAS_THREADS`` says otherwise (set
+before numpy loads): on a small shared machine threaded BLAS timings are mostly contention.
+
 Usage: ``python bench/rnn.py [--batch 32] [--hidden 256] [--seq 50] [--input 256]``.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import statistics
-import time
-from collections.abc import Callable
-from typing import Any
+import os
 
-import numpy as np
+BLAS_THREADS = os.environ.get("BENCH_BLAS_THREADS", "1")
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, BLAS_THREADS)
 
-from dpgraph import rnn_cell, workspace
-from dpgraph.model_helper import ModelHelper
+import argparse  # noqa: E402
+import json  # noqa: E402
+import statistics  # noqa: E402
+import time  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+from typing import Any  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+from dpgraph import rnn_cell, workspace  # noqa: E402
+from dpgraph.model_helper import ModelHelper  # noqa: E402
 
 TARGET = 1.5
 
@@ -141,7 +150,8 @@ def main() -> None:
     dpgraph_s, numpy_s = min(ours), min(theirs)
     print(json.dumps({
         "benchmark": "rnn_lstm_forward_backward", "batch": args.batch, "hidden": h,
-        "seq": args.seq, "input": d_in, "dpgraph_s": round(dpgraph_s, 5),
+        "seq": args.seq, "input": d_in, "blas_threads": int(BLAS_THREADS),
+        "dpgraph_s": round(dpgraph_s, 5),
         "numpy_loop_s": round(numpy_s, 5), "ratio": round(dpgraph_s / numpy_s, 3),
         "target": TARGET, "meets_target": dpgraph_s / numpy_s <= TARGET,
         "max_rel_grad_diff": float(f"{worst:.2e}")}))

@@ -34,7 +34,7 @@ from dpgraph.ops._rnn_steps import (
     run_step_ops,
 )
 from dpgraph.ops.context import OpContext, Outputs
-from dpgraph.ops.gradient_builder import GradientBuilder, make_op
+from dpgraph.ops.gradient_builder import GradientBuilder
 from dpgraph.proto import caffe2_pb2
 
 _MAX_CACHED = 16
@@ -63,11 +63,22 @@ class StepPlan:
     has_backward: bool
     num_workspaces: int
     renames: dict[str, str] = field(default_factory=dict)
-    # gradient only
+    # gradient only: per param, its step gradient (``<grad>_tmpstep``) and accumulator
     accumulators: list[str] = field(default_factory=list)
+    step_grads: list[str] = field(default_factory=list)
 
     def remap(self, name: str) -> str:
         return self.renames.get(name, name)
+
+    def links_by_internal(self) -> dict[str, list[Link]]:
+        """``{internal blob: its links}`` (cached; the plan's links never change)."""
+        cached: dict[str, list[Link]] | None = getattr(self, "_by_internal", None)
+        if cached is None:
+            cached = {}
+            for link in self.links:
+                cached.setdefault(link.internal, []).append(link)
+            self._by_internal = cached
+        return cached
 
 
 # --- argument decoding -------------------------------------------------------------------
@@ -237,9 +248,7 @@ def _run_linked(ws: StepWorkspace, plan: StepPlan, ctx: OpContext, t: int, where
     """Run the step ops; a linked blob an op writes is copied into its rows of the outer
     tensor at once, so later ops reading another window of that tensor see it."""
     blobs = ws._blobs
-    by_internal: dict[str, list[Link]] = {}
-    for link in plan.links:
-        by_internal.setdefault(link.internal, []).append(link)
+    by_internal = plan.links_by_internal()
 
     def write_through(name: str) -> None:
         _write_through(blobs, by_internal[name], t, where)
@@ -347,13 +356,13 @@ def _backward_plan(ctx: OpContext) -> StepPlan:
         if grad not in written and accumulator in written:
             grad = accumulator  # renamed in the step net without a '.rename' argument
         _rename_blob(ops, grad, grad + "_tmpstep")
-        ops.append(make_op("Sum", [accumulator, grad + "_tmpstep"], [accumulator]))
+        plan.step_grads.append(grad + "_tmpstep")
     links = [Link(plan.remap(link.internal), plan.remap(link.external), link.offset,
                   link.window) for link in plan.links]
     links += [Link(plan.remap(link.internal), plan.remap(link.external), link.offset)
               for link in _links(ctx, "backward_", False)]
     plan.net_name, plan.ops, plan.links = backward.name, ops, links
-    plan.accumulators = accumulators
+    plan.accumulators = accumulators  # Caffe2 appends Sum([acc, tmp]) -> acc; added in place
     return plan
 
 
@@ -413,8 +422,20 @@ def _create_shared_blobs(scratch: ScratchWorkspaces, plan: StepPlan) -> None:
             scratch.shared[name] = None
 
 
+def _accumulate_params(blobs: BlobChain, plan: StepPlan, sums: list[Any], where: str) -> None:
+    """``sum += <grad>_tmpstep`` for every param, in place (Caffe2's appended Sum ops)."""
+    for name, total in zip(plan.step_grads, sums):
+        step = blobs.get(name)
+        if step is None:
+            continue
+        if step.size != total.size:
+            raise ShapeError(f"{where}: step gradient {name!r} has shape {tuple(step.shape)} "
+                             f"but its parameter has {tuple(total.shape)}")
+        total += step.reshape(total.shape)
+
+
 def _backward_step(ctx: OpContext, ws: StepWorkspace, plan: StepPlan,
-                   grads: list[_StateGrad], t: int) -> None:
+                   grads: list[_StateGrad], sums: list[Any], t: int) -> None:
     where = f"RecurrentNetworkGradient {ctx.input_name(ctx.num_inputs - 1)!r} at timestep {t}"
     blobs = ws._blobs
     _apply_links(blobs, plan.links, t, where)
@@ -426,6 +447,7 @@ def _backward_step(ctx: OpContext, ws: StepWorkspace, plan: StepPlan,
                                  f"(T, {grad.value.shape[1]}, {grad.value.shape[2]})")
             grad.value[t + 1] += grad.all_grad[t]
     _run_linked(ws, plan, ctx, t, where)
+    _accumulate_params(blobs, plan, sums, where)
 
 
 @register_op("RecurrentNetworkGradient", inputs=(2, None), outputs=(1, None))
@@ -446,15 +468,15 @@ def recurrent_network_gradient(ctx: OpContext) -> Outputs:
     input_grad = ctx.xp.zeros(x.shape, dtype=np.float32)
     _store(ctx, plan.remap(ctx.input_name(n_go) + "_grad"), input_grad)
     params = [int(p) for p in ctx.arg("param", []) or []]
-    for index, accumulator in zip(params, plan.accumulators):
-        _store(ctx, accumulator, ctx.xp.zeros(np.shape(ctx.inputs[n_go + index]),
-                                              dtype=np.float32))
+    sums = [ctx.xp.zeros(np.shape(ctx.inputs[n_go + index]), dtype=np.float32)
+            for index in params]
+    for accumulator, total in zip(plan.accumulators, sums):
+        _store(ctx, accumulator, total)
     if steps > 0:
         _create_shared_blobs(scratch, plan)
     for t in range(steps - 1, -1, -1):
-        _backward_step(ctx, scratch.steps[t], plan, grads, t)
-    blobs, _ = parent_blobs(ctx.workspace)
-    outputs = [input_grad] + [blobs[a] for a in plan.accumulators]
+        _backward_step(ctx, scratch.steps[t], plan, grads, sums, t)
+    outputs = [input_grad, *sums]
     for grad, index in zip(grads, plan.initial_ids):
         init = ctx.inputs[n_go + index]
         if np.ndim(init) >= 2:
