@@ -182,3 +182,46 @@ def test_lstm_initializer_params_get_batch_summed_gradients() -> None:
     grad = workspace.FetchBlob(str(model.param_to_grad[core.BlobReference(
         "outer/enc/initial_hidden_state")]))
     assert grad.shape == (3,) and np.any(grad != 0)
+
+
+def test_small_helpers() -> None:
+    from dpgraph import recurrent
+    from dpgraph.errors import NotSupportedError
+
+    workspace.ResetWorkspace()
+    model = ModelHelper(name="helpers")
+    out = rnn_cell.LSTM(model, "x", None, ["h0", "c0"], 2, 3, scope="L", return_params=True)
+    params = out[-1]
+    assert params == {"input": {"weights": "L/i2h_w", "biases": "L/i2h_b"},
+                      "recurrent": {"weights": "L/gates_t_w", "biases": "L/gates_t_b"}}
+    op = _rnn_op(model.net)
+    recurrent.set_rnn_executor_config(op, num_threads=4, max_cuda_streams=2)
+    assert arguments_dict(op.arg)["rnn_executor.num_threads"] == 4
+    with pytest.raises(ModelError):
+        recurrent.set_rnn_executor_config(model.net.Proto().op[0])
+    assert rnn_cell.GetLSTMParamNames()["biases"][0] == "input_gate_b"
+    workspace.RunNetOnce(model.param_init_net)
+    names = rnn_cell.GetLSTMParamNames()
+    values = {}
+    for kind, width in (("input", 2), ("recurrent", 3)):
+        gates = {n: np.full((3, width), k, np.float32) for k, n in enumerate(names["weights"])}
+        gates.update({n: np.full(3, k, np.float32) for k, n in enumerate(names["biases"])})
+        values[kind] = gates
+    rnn_cell.InitFromLSTMParams(params, values)
+    w = workspace.FetchBlob("L/i2h_w")
+    assert w.shape == (12, 2) and np.all(w[:3] == 0) and np.all(w[9:] == 3)
+    with pytest.raises(NotSupportedError, match="GPU-only"):
+        rnn_cell.cudnn_LSTM(model, "x", ["h0", "c0"], 2, 3, scope="cudnn")
+
+
+def test_dropout_cell_and_layered_lstm_names() -> None:
+    model = ModelHelper(name="dropout")
+    cell = rnn_cell.DropoutCell(rnn_cell.LSTMCell(2, 3, 0.0, False, name="enc"),
+                                dropout_ratio=0.3, is_test=0, name="drop")
+    output, _ = cell.apply_over_sequence(model, "x", initial_states=["h0", "c0"])
+    assert str(output) == "drop/enc/hidden_state_all_with_dropout_mask0"
+    assert model.net.Proto().op[-1].type == "Dropout"
+    layered = ModelHelper(name="layered")
+    outs = rnn_cell.layered_LSTM(layered, "x", "lengths", ["h0", "c0"], 2, [3, 4], scope="lay")
+    assert str(outs[0]) == "lay_layer_1/hidden_state_all"
+    assert "lay_layer_1/gates_t_w" in [str(p) for p in layered.params]
