@@ -77,6 +77,112 @@ def GetGPUMemoryUsageStats() -> dict[str, Any]:
             "max_total": int(peak.sum())}
 
 
+def raiseIfNotEqual(a: Any, b: Any, msg: str) -> None:
+    """Caffe2's check: raise ``Exception("<msg>. a != b")`` when ``a != b``."""
+    if a != b:
+        raise Exception(f"{msg}. {a} != {b}")
+
+
+def debug(f: Any) -> Any:
+    """Caffe2's decorator: on an exception print the traceback, enter ``pdb.post_mortem``,
+    then exit with status 1."""
+    import functools
+    import pdb
+    import sys
+    import traceback
+
+    @functools.wraps(f)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return f(*args, **kwargs)
+        except Exception:
+            traceback.print_exc()
+            pdb.post_mortem(sys.exc_info()[2])
+            sys.exit(1)
+
+    return wrapper
+
+
+def OpAlmostEqual(op_a: Any, op_b: Any, ignore_fields: Any = None) -> bool:
+    """Whether two OperatorDefs are equal once the ``ignore_fields`` are cleared on both."""
+    fields = ignore_fields or []
+    fields = fields if isinstance(fields, list) else [fields]
+    if not all(isinstance(f, str) for f in fields):
+        raise TypeError(f"OpAlmostEqual: ignore_fields must be field names, got {fields!r}")
+    if not fields:
+        return bool(op_a == op_b)
+    op_a, op_b = type(op_a).FromString(op_a.SerializeToString()), \
+        type(op_b).FromString(op_b.SerializeToString())
+    for field in fields:
+        op_a.ClearField(field)
+        op_b.ClearField(field)
+    return bool(op_a == op_b)
+
+
+def TryReadProtoWithClass(cls: Any, s: Any) -> Any:
+    """Parse ``s`` as a ``cls`` message: text format first, then binary."""
+    from google.protobuf import text_format
+    from google.protobuf.message import DecodeError
+
+    obj = cls()
+    try:
+        text = s.decode("utf-8") if isinstance(s, bytes) else s
+        text_format.Parse(text, obj)
+        return obj
+    except (text_format.ParseError, UnicodeDecodeError):
+        obj = cls()
+        try:
+            obj.ParseFromString(s.encode("latin-1") if isinstance(s, str) else s)
+        except (DecodeError, RuntimeWarning) as exc:
+            raise DecodeError(f"Cannot read {s[:40]!r}... as a {cls.__name__} "
+                              f"(neither text nor binary protobuf): {exc}") from exc
+        return obj
+
+
+def GetContentFromProto(obj: Any, function_map: dict[Any, Any]) -> Any:
+    """``function_map[type(obj)](obj)`` (None when no class matches)."""
+    for cls, func in function_map.items():
+        if type(obj) is cls:
+            return func(obj)
+    return None
+
+
+def GetContentFromProtoString(s: Any, function_map: dict[Any, Any]) -> Any:
+    """Parse ``s`` with the first class of ``function_map`` that fits and apply its function."""
+    from google.protobuf.message import DecodeError
+
+    for cls, func in function_map.items():
+        try:
+            return func(TryReadProtoWithClass(cls, s))
+        except DecodeError:
+            continue
+    raise DecodeError("Cannot find a fit protobuffer class.")
+
+
+def ConvertProtoToBinary(proto_class: Any, filename: str, out_filename: str) -> None:
+    """Read a text or binary ``proto_class`` file and write it in binary."""
+    with open(filename, "rb") as f:
+        proto = TryReadProtoWithClass(proto_class, f.read())
+    with open(out_filename, "wb") as f:
+        f.write(proto.SerializeToString())
+
+
+def EnumClassKeyVals(cls: type) -> dict[str, str]:
+    """The upper-case string attributes of ``cls`` (a class used as an enum)."""
+    enum: dict[str, str] = {}
+    for key in dir(cls):
+        value = getattr(cls, key)
+        if key == key.upper() and isinstance(value, str):
+            if value in enum.values():
+                raise ValueError(f"Failed to resolve {cls} as Enum: duplicate value {value!r} "
+                                 f"for {key}")
+            enum[key] = value
+    return enum
+
+
 __all__ = ["ArgsToDict", "BuildUniqueMutexIter", "Caffe2TensorToNumpyArray",
+           "ConvertProtoToBinary", "EnumClassKeyVals", "GetContentFromProto",
+           "GetContentFromProtoString", "OpAlmostEqual", "TryReadProtoWithClass", "debug",
+           "raiseIfNotEqual",
            "CaffeBlobToNumpyArray", "GetGPUMemoryUsageStats", "ITERATION_MUTEX_NAME",
            "MakeArgument", "NumpyArrayToCaffe2Tensor", "OPTIMIZER_ITERATION_NAME"]
