@@ -31,7 +31,7 @@ import numpy as np
 
 from dpgraph import brew, data_parallel_model, model_helper, workspace
 from dpgraph.memory import liveness
-from dpgraph.memory.dpm import OptimizeGradientMemory, install_memory_hooks
+from dpgraph.memory.dpm import OptimizeGradientMemory
 from dpgraph.proto import caffe2_pb2
 from dpgraph.runtime.serialization import DATA_TYPE_TO_NUMPY
 
@@ -121,7 +121,6 @@ def main() -> None:
     parser.add_argument("--devices", type=int, default=2)
     parser.add_argument("--image", type=int, default=224)
     args = parser.parse_args()
-    install_memory_hooks()
     start = time.perf_counter()
     baseline = build(args.devices)
     sizes = blob_bytes(baseline, args.devices, args.batch, args.image)
