@@ -63,6 +63,10 @@ class CostModel:
     flops_per_sec: float = 5.0e10
     source: str = "defaults"
 
+    def __post_init__(self) -> None:  # backends not given keep their default figures
+        merged = {**DEFAULTS, **{k.lower(): v for k, v in self.backends.items()}}
+        object.__setattr__(self, "backends", merged)
+
     def backend(self, name: str) -> AlphaBeta:
         key = name.lower()
         if key not in self.backends:

@@ -63,8 +63,14 @@ def op_flops(op: Any, shapes: Mapping[str, Sequence[int]]) -> float:
     return float(out)
 
 
+#: Inputs that are state, not trainable params (SpatialBN's running mean and variance).
+_STATE_INPUTS = {"SpatialBN": (3, 4)}
+
+
 def _weights(op: Any, params: set[str]) -> list[str]:
-    return [b for b in op.input if b in params]
+    """The params ``op`` reads that get gradients."""
+    state = _STATE_INPUTS.get(op.type, ())
+    return [b for i, b in enumerate(op.input) if b in params and i not in state]
 
 
 def profile_from_nets(predict_net: Any, init_net: Any, input_dims: Mapping[str, Sequence[int]],
