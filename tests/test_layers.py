@@ -46,6 +46,7 @@ LAYERS: dict[str, str] = {
     "parallel": "passes", "memory": "passes", "export": "passes",
     # facade packages (top-level modules need no entry): Caffe2-named, they re-export
     "compat": "facade", "predictor": "facade", "models": "facade", "rnn": "facade",
+    "serialized_test": "facade",
 }
 
 #: ``(importing module, imported module) -> why``: deliberate upward edges.  Keep in step
