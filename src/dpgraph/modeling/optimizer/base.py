@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections import defaultdict, namedtuple
 from typing import Any
 
@@ -98,8 +99,10 @@ class Optimizer:
 
     @property
     def attributes(self) -> dict[str, Any]:
-        """The optimizer's public settings (for logging)."""
-        return {k: v for k, v in vars(self).items() if not k.startswith("_")}
+        """A deep copy of the optimizer's attributes without ``_instance_num`` (Caffe2's)."""
+        attr = copy.deepcopy(vars(self))
+        attr.pop("_instance_num", None)
+        return attr
 
     # --- learning rate -----------------------------------------------------------------
     def build_lr(self, net: Any, param_init_net: Any, base_learning_rate: float,
