@@ -316,3 +316,24 @@ def test_gradient_op_follows_memonger_renames() -> None:
         assert not renames or list(grad.output)[:2] == ["buffer_0", "buffer_1"]
     for a, b in zip(*results):
         np.testing.assert_array_equal(a, b)
+
+
+def test_shape_inference_matches_the_run() -> None:
+    from dpgraph import rnn_cell
+
+    workspace.ResetWorkspace()
+    model = ModelHelper(name="shapes")
+    out = rnn_cell.LSTM(model, "x", "l", ["h0", "c0"], 2, 3, scope="L")
+    model.AddGradientOperators([model.net.SumElements(out[0], "loss")])
+    feeds = {"x": (5, 4, 2), "h0": (4, 3), "c0": (1, 4, 3)}
+    shapes, types = workspace.InferShapesAndTypes(
+        [model.param_init_net, model.net], {**{k: list(v) for k, v in feeds.items()}, "l": [4]})
+    workspace.RunNetOnce(model.param_init_net)
+    for name, shape in feeds.items():
+        workspace.FeedBlob(name, np.random.randn(*shape).astype(np.float32))
+    workspace.FeedBlob("l", np.array([5, 4, 3, 1], np.int32))
+    workspace.RunNetOnce(model.net)
+    for name in [*map(str, out), "L/i2h_grad", "L/gates_t_w_grad", "h0_grad", "c0_grad"]:
+        assert list(workspace.FetchBlob(name).shape) == list(shapes[name]), name
+        assert types[name] == caffe2_pb2.TensorProto.FLOAT
+    assert "L/step_workspaces" not in shapes

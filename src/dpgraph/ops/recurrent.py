@@ -15,6 +15,7 @@ tensors) and every linked blob a step op replaced is copied back into its rows a
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,9 +23,10 @@ import numpy as np
 from google.protobuf import text_format
 
 from dpgraph.errors import ArgumentError, GradientError, ShapeError
+from dpgraph.ir.arguments import arguments_dict
 from dpgraph.ir.device import device_key
 from dpgraph.ir.registry import register_gradient, register_op
-from dpgraph.ops._common import host
+from dpgraph.ops._common import FLOAT, host
 from dpgraph.ops._rnn_steps import (
     BlobChain,
     ScratchWorkspaces,
@@ -286,7 +288,42 @@ def _where(ctx: OpContext, t: int) -> str:
     return f"RecurrentNetwork {ctx.output_name(ctx.num_outputs - 1)!r} at timestep {t}"
 
 
-@register_op("RecurrentNetwork", inputs=(1, None), outputs=(2, None), side_effects=False)
+def _forward_shapes(op: caffe2_pb2.OperatorDef, shapes: Sequence[Any],
+                    types: Sequence[Any]) -> list[Any]:
+    """Alias outputs: rows [start, T+k) of a (T+k, N, D) state; the scratch has none."""
+    args = arguments_dict(op.arg)
+    states = dict(zip(args.get("recurrent_states", []) or [],
+                      args.get("initial_recurrent_state_ids", []) or []))
+    by_dst = {d: (s, o) for s, d, o in zip(args.get("alias_src", []) or [],
+                                           args.get("alias_dst", []) or [],
+                                           args.get("alias_offset", []) or [])}
+    result: list[Any] = []
+    for name in op.output[:-1]:
+        src, offset = by_dst.get(name, (None, 0))
+        index = states.get(src)
+        init = shapes[index] if index is not None and index < len(shapes) else None
+        if init is None or shapes[0] is None or len(shapes[0]) < 2 or not init:
+            result.append(None)
+            continue
+        rows = shapes[0][0] + (init[0] if len(init) == 3 else 1)
+        start = offset if offset >= 0 else rows + offset
+        result.append(((max(rows - start, 0), shapes[0][1], init[-1]), FLOAT))
+    return result + [None]
+
+
+def _gradient_shapes(op: caffe2_pb2.OperatorDef, shapes: Sequence[Any],
+                     types: Sequence[Any]) -> list[Any]:
+    """Input 0's, the params' and the initial states' shapes (forward inputs follow the
+    output gradients)."""
+    args = arguments_dict(op.arg)
+    base = len(args.get("outputs_with_grads", []) or [])
+    indices = [0, *(args.get("param", []) or []),
+               *(args.get("initial_recurrent_state_ids", []) or [])]
+    return [None if base + i >= len(shapes) or shapes[base + i] is None
+            else (tuple(shapes[base + i]), FLOAT) for i in indices[:len(op.output)]]
+
+
+@register_op("RecurrentNetwork", inputs=(1, None), outputs=(2, None), shape=_forward_shapes)
 def recurrent_network(ctx: OpContext) -> Outputs:
     """Run ``step_net`` once per timestep of input 0; outputs are the alias destinations,
     then the ``step_workspaces`` scratch."""
@@ -450,7 +487,8 @@ def _backward_step(ctx: OpContext, ws: StepWorkspace, plan: StepPlan,
     _accumulate_params(blobs, plan, sums, where)
 
 
-@register_op("RecurrentNetworkGradient", inputs=(2, None), outputs=(1, None))
+@register_op("RecurrentNetworkGradient", inputs=(2, None), outputs=(1, None),
+             shape=_gradient_shapes)
 def recurrent_network_gradient(ctx: OpContext) -> Outputs:
     """Inputs: output grads (per outputs_with_grads), forward inputs, forward outputs with the
     scratch last.  Outputs: input 0's grad, param grads, initial-state grads."""

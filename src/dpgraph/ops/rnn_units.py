@@ -18,7 +18,7 @@ import numpy as np
 
 from dpgraph.errors import GradientError
 from dpgraph.ir.registry import register_gradient, register_op
-from dpgraph.ops._common import host, same_as_input
+from dpgraph.ops._common import host, like_inputs, same_as_input
 from dpgraph.ops.context import OpContext, Outputs
 from dpgraph.ops.gradient_builder import GradientBuilder
 
@@ -100,7 +100,7 @@ def _lstm_arity(ctx: OpContext, base: int) -> None:
                        f"{int(_uses_lengths(ctx))}, got {ctx.num_inputs}")
 
 
-@register_op("LSTMUnit", inputs=(4, 5), outputs=2)
+@register_op("LSTMUnit", inputs=(4, 5), outputs=2, shape=same_as_input(1))
 def lstm_unit(ctx: OpContext) -> Outputs:
     """One LSTM step: (hidden_t_prev, cell_t_prev, gates, [seq_lengths], timestep) ->
     (hidden_t, cell_t); c = f*c_prev + i*g, h = o*tanh(c)."""
@@ -116,7 +116,7 @@ def lstm_unit(ctx: OpContext) -> Outputs:
     return (_carry(valid, h, h_prev, drop).astype(out), _carry(valid, c, c_prev, drop).astype(out))
 
 
-@register_op("LSTMUnitGradient", inputs=(8, 9), outputs=3)
+@register_op("LSTMUnitGradient", inputs=(8, 9), outputs=3, shape=like_inputs(0, 1, 2))
 def lstm_unit_gradient(ctx: OpContext) -> Outputs:
     """(h_prev, c_prev, gates, [seq_lengths], timestep, h, c, dh, dc) ->
     (dh_prev, dc_prev, dgates)."""
@@ -210,5 +210,6 @@ def _gru_unit_gradient_maker(g: GradientBuilder) -> None:
 
 
 register_op("GRUUnit", inputs=(3, 4), outputs=1, shape=same_as_input(0))(gru_unit)
-register_op("GRUUnitGradient", inputs=(5, 6), outputs=2)(gru_unit_gradient)
+register_op("GRUUnitGradient", inputs=(5, 6), outputs=2, shape=like_inputs(0, 1))(
+    gru_unit_gradient)
 register_gradient("GRUUnit")(_gru_unit_gradient_maker)
