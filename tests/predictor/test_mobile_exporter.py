@@ -109,3 +109,16 @@ def test_add_tensor_per_dtype(dtype, op_type):
 def test_add_tensor_rejects_other_dtypes():
     with pytest.raises(KeyError):
         mobile_exporter.add_tensor(caffe2_pb2.NetDef(), "b", np.zeros(2, np.float64))
+
+
+def test_uint8_and_int64_params_round_trip_through_init_net():
+    values = {"u8": np.arange(12, dtype=np.uint8).reshape(3, 4),
+              "i64": np.array([[1, -2], [3, 2 ** 40]], dtype=np.int64)}
+    net = caffe2_pb2.NetDef()
+    for name, value in values.items():
+        mobile_exporter.add_tensor(net, name, value)
+    workspace.RunNetOnce(net)
+    for name, value in values.items():
+        got = workspace.FetchBlob(name)
+        assert got.dtype == value.dtype
+        np.testing.assert_array_equal(got, value)
