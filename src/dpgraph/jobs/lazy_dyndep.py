@@ -1,9 +1,10 @@
 """Caffe2's ``lazy_dyndep``: register operator libraries now, load them when operators
 are first needed (``core.RefreshRegisteredOperators``, ``workspace.CreateNet``).
 
-Loading goes through :func:`dpgraph.dyndep.InitOpsLibrary`, which accepts the libraries
-whose operators dpgraph provides and refuses others; a failure goes to the handler set
-with :func:`SetErrorHandler` (and is logged, not raised, without one).
+Loading goes through the loader the facade installs (:func:`dpgraph.dyndep.InitOpsLibrary`,
+which accepts the libraries whose operators dpgraph provides and refuses others); a failure
+goes to the handler set with :func:`SetErrorHandler` (and is logged, not raised, without
+one).
 """
 
 from __future__ import annotations
@@ -21,6 +22,20 @@ logger = logging.getLogger("dpgraph.lazy_dyndep")
 _pending: set[str] = set()
 _lock = threading.Lock()
 _error_handler: list[Callable[[BaseException], Any] | None] = [None]
+#: ``(load(name, trigger_lazy=...), loaded() -> list)``, installed by set_loader.
+_loader: list[tuple[Callable[..., Any], Callable[[], list[str]]]] = []
+
+
+def set_loader(load: Callable[..., Any], loaded: Callable[[], list[str]]) -> None:
+    """Install the function that loads a library and the one listing loaded libraries."""
+    _loader[:] = [(load, loaded)]
+
+
+def _get_loader() -> tuple[Callable[..., Any], Callable[[], list[str]]]:
+    if not _loader:
+        raise RuntimeError("lazy_dyndep has no library loader; import dpgraph.lazy_dyndep "
+                           "(the facade installs dpgraph.dyndep's).")
+    return _loader[0]
 
 
 def _path_exists(name: str) -> bool:
@@ -46,20 +61,16 @@ def SetErrorHandler(handler: Callable[[BaseException], Any] | None) -> None:
 
 def GetImportedOpsLibraries() -> list[str]:
     """The libraries loaded so far (the pending ones are loaded first)."""
-    from dpgraph import dyndep
-
     _import_pending()
-    return dyndep.GetLoadedLibraries()
+    return _get_loader()[1]()
 
 
 def _import_pending() -> None:
-    from dpgraph import dyndep
-
     with _lock:
         names = sorted(_pending)
     for name in names:
         try:
-            dyndep.InitOpsLibrary(name, trigger_lazy=False)
+            _get_loader()[0](name, trigger_lazy=False)
         except Exception as error:  # noqa: BLE001 - handed to the user's handler
             handler = _error_handler[0]
             if handler is None:
