@@ -156,3 +156,10 @@ def test_every_caffe2_proto_module_maps_to_dpgraph_proto() -> None:
     assert alias.target_of("caffe2.proto.metanet_pb2") == "dpgraph.proto.metanet_pb2"
     assert alias.target_of("caffe2.proto.predictor_consts_pb2") == (
         "dpgraph.proto.predictor_consts_pb2")
+
+
+def test_install_gives_numpy_back_the_aliases_caffe2_code_uses() -> None:
+    import numpy as np
+
+    alias.install()
+    assert np.str is str and np.float is float and np.asscalar(np.array([3])) == 3

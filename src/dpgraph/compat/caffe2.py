@@ -115,6 +115,24 @@ def install() -> None:
         )
     if not is_installed():
         sys.meta_path.insert(0, _FINDER)
+    _restore_numpy_aliases()
+
+
+#: numpy names Caffe2's Python (and its tests) use that numpy 2 removed, with their meaning.
+_NUMPY_ALIASES: dict[str, Any] = {
+    "str": str, "float": float, "int": int, "object": object, "bool": bool,
+    "long": int, "unicode": str, "asscalar": lambda a: a.item(),
+}
+
+
+def _restore_numpy_aliases() -> None:
+    """Give numpy back the removed aliases Caffe2 code calls (``np.str``, ``np.float``,
+    ``np.asscalar``...), each only where numpy lacks it; dpgraph itself uses none."""
+    import numpy as np
+
+    for name, value in _NUMPY_ALIASES.items():
+        if name not in np.__dict__:
+            setattr(np, name, value)
 
 
 def uninstall() -> None:

@@ -452,6 +452,51 @@ class Net:
         """The output schema record (dpgraph keeps whatever was set; usually None)."""
         return self._output_record
 
+    def _new_record(self, record: Any) -> Any:
+        """A copy of schema ``record`` whose scalars are new scoped blobs of this net."""
+        from dpgraph.ir.scope import NameScope
+
+        result = record.clone_schema()
+        with NameScope(self.Name()):
+            names = result.field_names()
+            for scalar, name in zip(result.all_scalars(), names):
+                scalar.set_value(self.NextScopedBlob(name or "unnamed_scalar"), unsafe=True)
+        return result
+
+    def set_input_record(self, input_record: Any) -> Any:
+        """Set the input schema record (new blobs when it has none); its blobs become
+        external inputs."""
+        if self._input_record is not None and not (
+                input_record.has_blobs() and set(input_record.field_blobs())
+                == set(self._input_record.field_blobs())):
+            raise NetError(f"Net {self.Name()!r}: input schema cannot be reset")
+        self._input_record = (input_record if input_record.has_blobs()
+                              else self._new_record(input_record))
+        for blob in self._input_record.field_blobs():
+            if not self.is_external_input(blob):
+                self.AddExternalInput(blob)
+        return self._input_record
+
+    def set_output_record(self, record: Any) -> None:
+        """Set the output schema record; its blobs must be defined and become external
+        outputs."""
+        if self._output_record is not None:
+            raise NetError(f"Net {self.Name()!r}: output record cannot be reset")
+        for blob in record.field_blobs():
+            if not self.BlobIsDefined(blob):
+                raise NetError(f"{blob} is not defined in net {self.Name()!r}; produce it "
+                               "before setting the output record")
+        for blob in record.field_blobs():
+            if str(blob) not in self._net.external_output:
+                self.AddExternalOutput(BlobReference(str(blob)))
+        self._output_record = record
+
+    def has_input_record(self) -> bool:
+        return self._input_record is not None
+
+    def has_output_record(self) -> bool:
+        return self._output_record is not None
+
     def IsGPU(self) -> bool:
         return IsGPUDeviceType(self._net.device_option.device_type)
 
