@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _reference import PARAMS, Problem, build, feed, numeric_grads  # noqa: E402
+from _rnn_reference import PARAMS, Problem, build, feed, numeric_grads  # noqa: E402
 
 from dpgraph import workspace  # noqa: E402
 
