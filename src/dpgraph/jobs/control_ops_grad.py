@@ -112,11 +112,13 @@ def gen_do_gradient(op: caffe2_pb2.OperatorDef, g_output: list[Any]
                     ) -> tuple[list[caffe2_pb2.OperatorDef], list[Any]]:
     """The gradient Do of a forward Do op, and the gradients of its inputs."""
     subnet = getNetArgument(op, "net")
+    if subnet is None:
+        raise GradientError(f"Do op {op.name!r} has no 'net' argument.")
     outer_to_inner, inner_to_outer = _do_bindings(op)
     if len(g_output) != len(op.output):
         raise GradientError("Different number of gradient blobs and Do op outputs")
     grad_ops, g_output = dedupe_g_output(op, g_output)
-    ws_blob = op.input[-1]
+    ws_blob: str = op.input[-1]
     init_grad: dict[Any, Any] = {}
     outer_grad_of_inner: dict[str, str] = {}
     for output, grad in zip(op.output[:-1], g_output[:-1]):
@@ -132,12 +134,12 @@ def gen_do_gradient(op: caffe2_pb2.OperatorDef, g_output: list[Any]
     g_input: list[Any] = []
     copies: list[caffe2_pb2.OperatorDef] = []
     for outer_input in op.input[:-1]:
-        inner = outer_to_inner.get(outer_input)
-        if inner is None or inner not in inner_grads:
+        inner_name = outer_to_inner.get(outer_input)
+        if inner_name is None or inner_name not in inner_grads:
             g_input.append(None)
             continue
-        copy_name = inner + INNER_GRAD_COPY
-        copies.append(CreateOperator("Copy", [inner_grads[inner]], [copy_name]))
+        copy_name = inner_name + INNER_GRAD_COPY
+        copies.append(CreateOperator("Copy", [inner_grads[inner_name]], [copy_name]))
         bindings[copy_name] = outer_input + "_grad"
         new_outputs.append(outer_input + "_grad")
         g_input.append(outer_input + "_grad")
@@ -255,7 +257,9 @@ def gen_if_gradient(op: caffe2_pb2.OperatorDef, g_output: list[Any]
     then_grad, then_map, then_in, then_out = _gen_subnet_gradient(then_net, init_refs)
     grad_map = dict(then_map)
     else_net = getNetArgument(op, "else_net")
-    else_grad, else_in, else_out = None, [], []
+    else_grad: caffe2_pb2.NetDef | None = None
+    else_in: list[str] = []
+    else_out: list[str] = []
     if else_net is not None:
         else_grad, else_map, else_in, else_out = _gen_subnet_gradient(else_net, init_refs)
         _merge_branch_grads(grad_map, then_map, else_map, init_grad)

@@ -27,7 +27,7 @@ def namedtupledict(typename: str, field_names: list[str], *args: Any, **kwargs: 
             key = index[key]
         return tuple.__getitem__(self, key)
 
-    data.__getitem__ = getitem
+    setattr(data, "__getitem__", getitem)  # noqa: B010  (mypy refuses method assignment)
     return data
 
 
@@ -74,7 +74,7 @@ def run_functional(op_type: str, inputs: tuple[Any, ...], args: dict[str, Any]) 
             if schema.inplace_enforced(i, j):
                 output_names[j] = input_names[i]
     op = CreateOperator(op_type, input_names, output_names, **args)
-    device_option = args.get("device_option", DeviceOption(caffe2_pb2.CPU))
+    device_option = args.get("device_option", DeviceOption(caffe2_pb2.PROTO_CPU))
     ws = Workspace("functional")
     with DeviceScope(device_option):
         for name, value in zip(input_names, inputs):

@@ -49,12 +49,13 @@ def is_travis() -> bool:
 
 
 def _register_profiles() -> None:
-    common = {"derandomize": True, "database": None}
-    settings.register_profile("sandcastle", max_examples=50, deadline=None,
-                              suppress_health_check=list(hypothesis.HealthCheck), **common)
-    settings.register_profile("dev", max_examples=10, deadline=None, **common)
-    settings.register_profile("debug", max_examples=1000, deadline=None,
-                              verbosity=hypothesis.Verbosity.verbose, **common)
+    settings.register_profile("sandcastle", max_examples=50, deadline=None, derandomize=True,
+                              database=None,
+                              suppress_health_check=list(hypothesis.HealthCheck))
+    settings.register_profile("dev", max_examples=10, deadline=None, derandomize=True,
+                              database=None)
+    settings.register_profile("debug", max_examples=1000, deadline=None, derandomize=True,
+                              database=None, verbosity=hypothesis.Verbosity.verbose)
     settings.load_profile("sandcastle" if is_sandcastle()
                           else os.getenv("CAFFE2_HYPOTHESIS_PROFILE", "dev"))
 
@@ -151,7 +152,8 @@ def segmented_tensor(min_dim: int = 1, max_dim: int = 4, dtype: Any = np.float32
 def lengths_tensor(min_segments: int | None = None, max_segments: int | None = None,
                    *args: Any, **kwargs: Any) -> Any:
     gen = functools.partial(lengths, min_segments=min_segments, max_segments=max_segments)
-    return segmented_tensor(*args, segment_generator=gen, **kwargs)
+    kwargs["segment_generator"] = gen
+    return segmented_tensor(*args, **kwargs)
 
 
 def sparse_segmented_tensor(min_dim: int = 1, max_dim: int = 4, dtype: Any = np.float32,
@@ -190,7 +192,7 @@ def tensors1d(n: int, min_len: int = 1, max_len: int = 64, dtype: Any = np.float
 
 cpu_do = caffe2_pb2.DeviceOption()
 cuda_do = caffe2_pb2.DeviceOption(device_type=CUDA)
-hip_do = caffe2_pb2.DeviceOption(device_type=caffe2_pb2.HIP)
+hip_do = caffe2_pb2.DeviceOption(device_type=caffe2_pb2.PROTO_HIP)
 gpu_do = caffe2_pb2.DeviceOption(device_type=CUDA)
 _has_gpu = devices.NumGpuDevices() > 0
 _cuda_do_list = [cuda_do] if _has_gpu else []

@@ -188,7 +188,8 @@ class List(Field):
             if item == "values":
                 return self._items
         elif names[0] == "values":
-            return self._items[names[1]]
+            items: Any = self._items
+            return items[names[1]]
         raise KeyError(f"Field not found in list: {item}.")
 
 
@@ -394,8 +395,10 @@ class Struct(Field):
             if left is None:
                 continue
             if isinstance(left, Struct) and isinstance(right, Struct):
-                children[name] = left - right
-                if not children[name].get_children():
+                remaining = left - right
+                if remaining.get_children():
+                    children[name] = remaining
+                else:
                     del children[name]
             else:
                 del children[name]

@@ -215,7 +215,7 @@ def _net_proto(net: Any) -> caffe2_pb2.NetDef:
     return proto
 
 
-def runtime_workspace(ws: Any) -> Any:
+def runtime_workspace(ws: Any) -> RuntimeWorkspace:
     """The runtime Workspace of a ``C.Workspace`` (or the argument itself)."""
     return ws._ws if isinstance(ws, Workspace) else ws
 

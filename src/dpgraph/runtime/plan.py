@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -108,7 +109,7 @@ class _StepRunner:
         if instances == 1:
             self._run_instance(workspace, parent_continue)
             return
-        _run_threads([lambda: self._run_instance(workspace, parent_continue)
+        _run_threads([functools.partial(self._run_instance, workspace, parent_continue)
                       for _ in range(instances)])
 
     def _run_instance(self, workspace: Any, parent_continue: Callable[[], bool]) -> None:
@@ -165,7 +166,7 @@ class _StepRunner:
             if self._stopped(workspace):
                 return True
         if self.step.concurrent_substeps and len(recurring) > 1:
-            _run_threads([lambda s=s: s.run(workspace, parent_continue, first)
+            _run_threads([functools.partial(s.run, workspace, parent_continue, first)
                           for s in recurring])
             return self._stopped(workspace)
         for sub in recurring:
