@@ -179,7 +179,7 @@ def test_roi_pool_f_ties_pick_first_in_row_major_order() -> None:
 
 
 def test_roi_pool_f_gradient() -> None:
-    x = RNG.standard_normal((2, 3, 12, 10)).astype(F32)
+    x = RNG.standard_normal((2, 2, 9, 7)).astype(F32)
     op = make_op("RoIPoolF", ["X", "R"], ["Y", "argmax"], pooled_h=3, pooled_w=2,
                  spatial_scale=0.25)
     check_gradient(op, [x, ROIS], inputs_to_check=[0])
@@ -238,7 +238,8 @@ def test_ps_roi_pool_forward_and_gradient(kw: dict) -> None:
     np.testing.assert_array_equal(mapping, ref_map)
     assert mapping.dtype == np.int32
     np.testing.assert_allclose(y, ref_y, rtol=1e-5, atol=1e-6)
-    check_gradient(op, [x, ROIS], inputs_to_check=[0])
+    small = x[:, :, :6, :5].copy()  # finite differences on a smaller map (same windows, clipped)
+    check_gradient(op, [small, ROIS], inputs_to_check=[0])
     assert grad_ops("PSRoIPool", ["X", "R"], ["Y", "map"], **kw) == [
         ("PSRoIPoolGradient", ["X", "R", "map", "Y_grad"], ["X_grad"])]
 
