@@ -167,3 +167,37 @@ def test_counter_blobs_save_and_load(tmp_path) -> None:
                                                   db=path, db_type="minidb"))
     workspace.RunOperatorOnce(core.CreateOperator("RetrieveCount", ["ctr"], ["n"]))
     assert int(workspace.FetchBlob("n")) == 22
+
+
+def test_do_binds_inner_blobs_by_index_without_the_workspace_blob() -> None:
+    subnet = core.Net("do_sub")
+    subnet.Add(["X", "Y"], "Z")
+    net = core.Net("do_net")
+    net.CreateScope([], "W")
+    net.Do(["outer_X", "outer_Y", "W"], ["outer_Z", "W"], net=subnet.Proto(),
+           inner_blobs=["X", "Y", "Z"], outer_blobs_idx=[0, 1, 2])
+    workspace.FeedBlob("outer_X", np.asarray([1, 2]))
+    workspace.FeedBlob("outer_Y", np.asarray([3, 4]))
+    workspace.RunNetOnce(net)
+    assert workspace.FetchBlob("outer_Z").tolist() == [4, 6]
+    assert not workspace.HasBlob("Z")
+
+
+def test_do_reuse_workspace_sees_the_previous_scope() -> None:
+    init = core.Net("do_init")
+    init.ConstantFill([], "X", shape=[1], value=1.0)
+    init.ConstantFill([], "Y", shape=[1], value=2.0)
+    body = core.Net("do_body")
+    body.Add(["X", "Y"], "Z")
+    net = core.Net("do_reuse")
+    net.CreateScope([], "W")
+    net.Do("W", "W", net=init.Proto(), inner_blobs=[], outer_blobs_idx=[])
+    net.Do("W", ["outer_Z", "W"], net=body.Proto(), inner_blobs=["Z"], outer_blobs_idx=[0],
+           reuse_workspace=True)
+    workspace.RunNetOnce(net)
+    assert workspace.FetchBlob("outer_Z").tolist() == [3.0]
+    with pytest.raises(RuntimeError, match="out of range"):
+        bad = core.Net("do_bad")
+        bad.CreateScope([], "W2")
+        bad.Do("W2", "W2", net=body.Proto(), inner_blobs=["Z"], outer_blobs_idx=[0])
+        workspace.RunNetOnce(bad)

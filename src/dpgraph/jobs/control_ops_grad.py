@@ -102,7 +102,7 @@ def _do_bindings(op: caffe2_pb2.OperatorDef) -> tuple[dict[str, str], dict[str, 
         raise GradientError(f"Do op {op.name!r} has no 'net' argument.")
     inner = [s.decode() for s in args["inner_blobs"].strings] if "inner_blobs" in args else []
     idx = list(args["outer_blobs_idx"].ints) if "outer_blobs_idx" in args else []
-    outer_names = list(op.input) + list(op.output)
+    outer_names = list(op.input[:-1]) + list(op.output[:-1])
     inner_to_outer = {name: outer_names[i] for name, i in zip(inner, idx)}
     outer_to_inner = {o: i for i, o in inner_to_outer.items()}
     return outer_to_inner, inner_to_outer
@@ -195,7 +195,7 @@ def _gradient_do_op(fwd_op: caffe2_pb2.OperatorDef, fwd_net: caffe2_pb2.NetDef,
     grad.input.extend([*inputs, ws_blob])
     del grad.output[:]
     grad.output.extend([*outputs, ws_blob])
-    outer = list(grad.input) + list(grad.output)
+    outer = [*inputs, *outputs]  # Do's outer_blobs_idx skips the workspace blobs
     inner = list(bindings)
     del grad.arg[:]
     grad.arg.extend([MakeArgument("net", grad_net), MakeArgument("inner_blobs", inner),

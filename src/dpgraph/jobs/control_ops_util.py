@@ -99,10 +99,8 @@ def _do_net(name: str, net: Any, inputs: list[str], outputs: list[str], ws_blob:
     """A net ``name`` holding one Do op that runs ``net`` with ``inputs``/``outputs`` bound
     under their own names."""
     do_net = Net(name)
-    outer = [*inputs, str(ws_blob), *outputs, str(ws_blob)]
     inner = inputs + outputs
-    idx = [outer.index(b) for b in inputs] + [outer.index(b, len(inputs) + 1)
-                                              for b in outputs]
+    idx = list(range(len(inner)))  # into inputs then outputs, without the workspace blob
     kwargs: dict[str, Any] = {"net": proto_of(net), "inner_blobs": inner,
                               "outer_blobs_idx": idx}
     if copy_external_blobs:

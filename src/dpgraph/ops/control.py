@@ -2,7 +2,8 @@
 
 ``If`` and ``While`` run their NetDef arguments in the op's own workspace.  ``Do`` runs its
 ``net`` in a child scope: a new set of local blobs in which only the bound names
-(``inner_blobs[i]`` -> the op's blob ``outer_blobs_idx[i]`` of ``inputs + outputs``) reach
+(``inner_blobs[i]`` -> the op's blob ``outer_blobs_idx[i]`` of its inputs then its outputs,
+both without the last, workspace blob) reach
 the outer workspace.  Each forward Do pushes its scope onto the ``WorkspaceStack`` held by its
 last input/output blob (made by ``CreateScope``); a gradient Do (``is_gradient_op``) pops the
 most recent one, so the backward net reads the forward net's intermediate blobs.
@@ -229,18 +230,20 @@ def _stack(ctx: OpContext, value: Any) -> WorkspaceStack:
 
 
 def _bindings(ctx: OpContext) -> dict[str, str]:
-    """``{inner name: outer name}`` from ``inner_blobs`` and ``outer_blobs_idx``."""
+    """``{inner name: outer name}`` from ``inner_blobs`` and ``outer_blobs_idx`` (indices
+    into the op's inputs then outputs, each without the workspace blob)."""
     inner = [b.decode() if isinstance(b, bytes) else str(b)
              for b in ctx.arg("inner_blobs", []) or []]
     idx = [int(i) for i in ctx.arg("outer_blobs_idx", []) or []]
     if len(inner) != len(idx):
         raise ArgumentError(ctx.describe(
             f"inner_blobs ({len(inner)}) and outer_blobs_idx ({len(idx)}) differ in length"))
-    outer = list(ctx.op.input) + list(ctx.op.output)
+    outer = list(ctx.op.input[:-1]) + list(ctx.op.output[:-1])
     bad = [i for i in idx if not 0 <= i < len(outer)]
     if bad:
         raise ArgumentError(ctx.describe(f"outer_blobs_idx {bad} out of range of the "
-                                         f"{len(outer)} inputs and outputs"))
+                                         f"{len(outer)} inputs and outputs (without the "
+                                         "workspace blob)"))
     return {name: outer[i] for name, i in zip(inner, idx)}
 
 
