@@ -53,44 +53,26 @@ class Blob:
         return isinstance(self._ws.get_blob(self._name), np.ndarray)
 
     def serialize(self, name: str) -> bytes:
+        """The blob as BlobProto bytes named ``name``."""
         from dpgraph.runtime.serialization import serialize_blob
 
-        return serialize_blob(name, self._ws.get_blob(self._name))
+        return serialize_blob(name, self._ws.get_blob(self._name),
+                              self._ws.placement(self._name))
+
+    def deserialize(self, serialized: bytes) -> None:
+        """Store the value of BlobProto bytes in this blob (tensors on the CPU)."""
+        import numpy as np
+
+        from dpgraph.runtime.serialization import deserialize_blob
+
+        _, value = deserialize_blob(serialized)
+        if isinstance(value, np.ndarray):
+            self._ws.feed_blob(self._name, value, caffe2_pb2.DeviceOption())
+        else:
+            self._ws.set_blob(self._name, value, None)
 
     def __repr__(self) -> str:
         return f"Blob({self._name!r})"
-
-
-class _Blobs:
-    """``ws.blobs``: a read-only mapping of blob names to :class:`Blob`."""
-
-    def __init__(self, ws: Any) -> None:
-        self._ws = ws
-
-    def __getitem__(self, name: Any) -> Blob:
-        name = str(name)
-        if not self._ws.has_blob(name):
-            raise BlobNotFoundError(f"Can't find blob: {name} in workspace "
-                                    f"{self._ws.name!r}; feed it or run the net that makes it.")
-        return Blob(self._ws, name)
-
-    def __contains__(self, name: Any) -> bool:
-        return self._ws.has_blob(str(name))
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.keys())
-
-    def __len__(self) -> int:
-        return len(self.keys())
-
-    def keys(self) -> list[str]:
-        return sorted(set(self._ws._blobs))
-
-    def items(self) -> list[tuple[str, Blob]]:
-        return [(k, Blob(self._ws, k)) for k in self.keys()]
-
-    def values(self) -> list[Blob]:
-        return [Blob(self._ws, k) for k in self.keys()]
 
 
 class Net:
@@ -141,8 +123,9 @@ class Workspace(metaclass=_WorkspaceMeta):
         return wrapper
 
     @property
-    def blobs(self) -> _Blobs:
-        return _Blobs(self._ws)
+    def blobs(self) -> dict[str, Blob]:
+        """``{name: Blob}`` of this workspace (and, for a child, its parent's)."""
+        return {name: Blob(self._ws, name) for name in sorted(set(self._ws._blobs))}
 
     @property
     def nets(self) -> dict[str, Net]:
@@ -168,9 +151,15 @@ class Workspace(metaclass=_WorkspaceMeta):
     def create_net(self, net: Any, overwrite: bool = False) -> Net:
         """Instantiate ``net``; as in Caffe2, every input an op reads before any op of the
         net writes it must already exist in this workspace."""
+        if isinstance(net, str):
+            raise TypeError("create_net takes a Net, a NetDef or serialized NetDef bytes, "
+                            f"not the str {net[:40]!r}")
         proto = _net_proto(net)
         _check_inputs_exist(self._ws, proto)
         self._ws.create_net(proto, overwrite=overwrite)
+        for op in proto.op:  # as Caffe2's operator constructors, create the outputs
+            for name in op.output:
+                self._ws.create_blob(name)
         return Net(self._ws, proto.name)
 
     def run(self, obj: Any) -> bool:
