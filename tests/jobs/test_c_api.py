@@ -107,3 +107,35 @@ def test_fill_random_network_inputs() -> None:
     workspace.FillRandomNetworkInputs(net, [[(4,)] * 3], [["bool", "int", "long"]])
     assert set(np.unique(workspace.FetchBlob("X0"))) <= {0, 1}
     assert workspace.FetchBlob("X2").dtype == np.int64
+
+
+def test_blob_tensor_access_serde_and_net_creation() -> None:
+    ws = C.Workspace()
+    assert ws.blobs == {} and ws.nets == {}
+    ws.create_blob("c_t").feed(np.array([1.1, 1.2, 1.3]))
+    tensor = ws.blobs["c_t"].tensor()
+    tensor.data[0] = 3.3
+    np.testing.assert_array_equal(ws.blobs["c_t"].fetch(), [3.3, 1.2, 1.3])
+    tensor.init([2, 3], core.DataType.INT32)
+    tensor.data[1, 1] = 100
+    assert ws.blobs["c_t"].fetch().dtype == np.int32 and ws.fetch_blob("c_t")[1, 1] == 100
+    with pytest.raises(RuntimeError):
+        tensor.init([3, 4], core.DataType.STRING)
+    value = np.array([1.1, 10.2])
+    tensor.feed(value)
+    value[0] = 5.2
+    assert tensor.fetch()[0] == 1.1
+    copy = ws.create_blob("c_t_serde")
+    copy.deserialize(ws.blobs["c_t"].serialize("c_t"))
+    np.testing.assert_array_equal(copy.fetch(), [1.1, 10.2])
+    net = core.Net("c_create")
+    net.ConstantFill([], "c_filled", shape=[2], value=1.0)
+    ws.create_net(net)
+    assert "c_filled" in ws.blobs  # created with the net, as Caffe2's operators do
+    with pytest.raises(RuntimeError):
+        ws.create_net(net)
+    ws.create_net(net, overwrite=True)
+    ws.nets[net.Name()].run()
+    assert ws.blobs["c_filled"].fetch().tolist() == [1.0, 1.0]
+    with pytest.raises(TypeError):
+        ws.create_net("...")

@@ -20,13 +20,18 @@ import weakref
 from collections.abc import Iterator
 from typing import Any
 
-from dpgraph.errors import BlobNotFoundError, NotSupportedError
+from dpgraph.errors import BlobNotFoundError, NotSupportedError, WorkspaceError
 from dpgraph.ir.registry import OPERATORS
 from dpgraph.proto import caffe2_pb2
 from dpgraph.runtime import api
 from dpgraph.runtime.workspace import Workspace as RuntimeWorkspace
 
 _child_ids = itertools.count()
+
+
+class WorkspaceArgumentTypeError(WorkspaceError, TypeError):
+    """A workspace call got a value it cannot store (a RuntimeError, as Caffe2's C++
+    enforce, and a TypeError)."""
 _wrappers: weakref.WeakKeyDictionary[Any, Workspace] = weakref.WeakKeyDictionary()
 
 
@@ -46,6 +51,10 @@ class Blob:
             parsed.ParseFromString(device_option)
             device_option = parsed
         return self._ws.feed_blob(self._name, value, device_option)
+
+    def tensor(self) -> TensorCPU:
+        """The blob's tensor: ``data`` is the stored array itself (in-place edits show)."""
+        return TensorCPU(self._ws, self._name)
 
     def is_tensor(self) -> bool:
         import numpy as np
@@ -73,6 +82,46 @@ class Blob:
 
     def __repr__(self) -> str:
         return f"Blob({self._name!r})"
+
+
+class TensorCPU:
+    """In-place access to a tensor blob (``Blob.tensor()``)."""
+
+    def __init__(self, ws: Any, name: str) -> None:
+        self._ws, self._name = ws, name
+
+    @property
+    def data(self) -> Any:
+        """The stored array (not a copy)."""
+        return self._ws.get_blob(self._name)
+
+    @property
+    def _shape(self) -> list[int]:
+        return list(self.data.shape)
+
+    def init(self, dims: Any, data_type: int) -> None:
+        """Replace the value with zeros of ``dims`` and TensorProto ``data_type``."""
+        import numpy as np
+
+        from dpgraph.runtime.serialization import DATA_TYPE_TO_NUMPY
+
+        if data_type == caffe2_pb2.TensorProto.STRING:
+            raise WorkspaceArgumentTypeError(
+                f"TensorCPU.init({self._name!r}): string tensors cannot be initialized from "
+                "Python; feed an object array of bytes instead.")
+        self._ws.set_blob(self._name, np.zeros([int(d) for d in dims],
+                                               DATA_TYPE_TO_NUMPY[data_type]))
+
+    def feed(self, value: Any) -> bool:
+        """Copy ``value`` into the tensor."""
+        import numpy as np
+
+        return self._ws.feed_blob(self._name, np.array(value, copy=True),
+                                  caffe2_pb2.DeviceOption())
+
+    def fetch(self) -> Any:
+        """A copy of the tensor."""
+        return self._ws.fetch_blob(self._name)
 
 
 class Net:
