@@ -29,8 +29,9 @@ def stripBlobName(param: Any) -> str:
 
 
 def _device_of(blob: Any, prefix: str, what: str) -> int:
-    scope = BlobReference(str(blob)).GetNameScope()
-    head = scope.split(_SEP)[0]
+    name = str(blob)
+    scope = name[:name.rfind(_SEP) + 1]  # BlobReference.GetNameScope, without the object
+    head = scope.split(_SEP, 1)[0]
     if not head.startswith(prefix + "_"):
         raise ParallelizeError(
             f"{what} {blob} is expected to have name scope '{prefix}_<device>/'; create it "
@@ -92,16 +93,17 @@ def _map_ops(ops: Sequence[caffe2_pb2.OperatorDef], mapping: dict[str, Any]) -> 
     cpu = caffe2_pb2.DeviceOption()
     cpu.device_type = caffe2_pb2.PROTO_CPU
     local: dict[str, Any] = {}
+    update, fromkeys = local.update, dict.fromkeys
     for op in reversed(ops):
-        option = cpu if op.type == "Iter" else op.device_option
-        if op.type.startswith("RecurrentNetwork"):
+        op_type = op.type
+        option = cpu if op_type == "Iter" else op.device_option
+        if op_type.startswith("RecurrentNetwork"):
             for arg in op.arg:
                 if arg.name.endswith("step_net"):
                     step: dict[str, Any] = {}
                     _map_ops(arg.n.op, step)
-                    local.update(step)
-        local.update(dict.fromkeys(op.output, option))
-        local.update(dict.fromkeys(op.input, option))
+                    update(step)
+        update(fromkeys([*op.output, *op.input], option))
     local.update(mapping)
     mapping.update(local)
 
