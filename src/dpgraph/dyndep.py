@@ -23,6 +23,7 @@ from pathlib import Path
 
 from dpgraph.errors import OpsLibraryError
 from dpgraph.ir.registry import OPERATORS
+from dpgraph.runtime.c_api import TriggerLazyImport
 
 #: Folder put on ``sys.path`` whose ``lib/`` holds the marker of Detectron's ops library.
 MARKER_PREFIX = str(Path(__file__).resolve().parent / "_opslibs")
@@ -84,8 +85,8 @@ def _missing_ops(ops: tuple[str, ...]) -> list[str]:
 
 def InitOpsLibrary(name: str, trigger_lazy: bool = True) -> None:
     """Accept a Caffe2 ops library whose operators dpgraph provides; refuse anything else
-    with OpsLibraryError naming what is missing.  ``trigger_lazy`` is accepted for Caffe2
-    compatibility (dpgraph registers every operator at import)."""
+    with OpsLibraryError naming what is missing.  Then, like Caffe2's refresh of the operator
+    registry, run the lazy imports (lazy_dyndep) unless ``trigger_lazy`` is false."""
     ops = _required_ops(name)
     if ops is None:
         raise OpsLibraryError(
@@ -103,6 +104,8 @@ def InitOpsLibrary(name: str, trigger_lazy: bool = True) -> None:
             "(import the module that does) before loading the library.")
     if name not in _loaded:
         _loaded.append(name)
+    if trigger_lazy:
+        TriggerLazyImport()
 
 
 def GetLoadedLibraries() -> list[str]:

@@ -157,3 +157,14 @@ def test_tensor_conversions_round_trip() -> None:
         num, channels, height, width, data = 1, 2, 1, 3, list(range(6))
 
     assert utils.CaffeBlobToNumpyArray(LegacyBlob()).shape == (1, 2, 1, 3)
+
+
+def test_init_ops_library_triggers_lazy_imports(monkeypatch) -> None:
+    from dpgraph.runtime import c_api
+
+    calls: list[str] = []
+    monkeypatch.setattr(c_api, "_LAZY_IMPORTS", [lambda: calls.append("lazy")])
+    dyndep.InitOpsLibrary("libcaffe2_detectron_ops_gpu.so", trigger_lazy=False)
+    assert calls == []
+    dyndep.InitOpsLibrary("libcaffe2_detectron_ops_gpu.so")
+    assert calls == ["lazy"]
