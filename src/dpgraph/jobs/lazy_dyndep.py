@@ -38,16 +38,9 @@ def _get_loader() -> tuple[Callable[..., Any], Callable[[], list[str]]]:
     return _loader[0]
 
 
-def _path_exists(name: str) -> bool:
-    """Caffe2 names ``@/...`` (a build-target path) or a file path."""
-    if name.startswith("@/"):
-        return os.path.exists(name[2:].replace(":", "/"))
-    return os.path.exists(name)
-
-
 def RegisterOpsLibrary(name: str) -> None:
     """Register library ``name`` to be loaded lazily (a missing path is ignored)."""
-    if not _path_exists(name):
+    if not os.path.exists(name):
         print(f"Ignoring {name} as it is not a valid file.")
         return
     with _lock:
