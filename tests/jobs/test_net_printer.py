@@ -63,3 +63,52 @@ def test_debug_net_logs_before_each_op() -> None:
     types = [op.type for op in debug.Proto().op]
     assert types.count("ConstantFill") == 1 and types.count("Relu") == 1
     assert types.index("Relu") > types.index("Print")
+
+
+def _example_job():
+    from dpgraph.jobs.job import Job
+
+    with Job() as job:
+        with job.init_group:
+            with Task():
+                total = ops.Const(0)
+                with ops.loop(3):
+                    ops.Add([total, ops.Const(1)], total)
+        with Task():
+            with ops.task_init():
+                one = ops.Const(1)
+            final_output(ops.Add([one, one]))
+        with Task(num_instances=2):
+            with ops.task_instance_init():
+                local = ops.Const(2)
+            ops.LogInfo("ble")
+            ops.Copy(local, "np_local_copy")
+    return job
+
+
+def test_jobs_print_and_analyze() -> None:
+    text = net_printer.to_string(_example_job())
+    assert "Job.current().init_group" in text and "Job.current().epoch_group" in text
+    net_printer.analyze(_example_job())
+    job = _example_job()
+    with job:
+        with Task():
+            ops.Add(["distributed_ctx_init_a", "distributed_ctx_init_b"])
+    net_printer.analyze(job)
+    job = _example_job()
+    with job:
+        with Task():
+            ops.Add(["a", "b"])
+    with pytest.raises(AssertionError) as error:
+        net_printer.analyze(job)
+    assert str(error.value) == "Blob undefined: a"
+    from dpgraph.task import WorkspaceType
+
+    job = _example_job()
+    with job:
+        with Task(workspace_type=WorkspaceType.GLOBAL):
+            ops.Add([ops.Const(0), ops.Const(1)], "np_out1")
+        with Task(workspace_type=WorkspaceType.GLOBAL):
+            ops.Add([ops.Const(2), ops.Const(3)], "np_out1")
+    with pytest.raises(AssertionError):
+        net_printer.analyze(job)
