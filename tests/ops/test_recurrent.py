@@ -337,3 +337,22 @@ def test_shape_inference_matches_the_run() -> None:
         assert list(workspace.FetchBlob(name).shape) == list(shapes[name]), name
         assert types[name] == caffe2_pb2.TensorProto.FLOAT
     assert "L/step_workspaces" not in shapes
+
+
+def test_bad_inputs_raise_typed_errors_naming_the_blobs() -> None:
+    from dpgraph.errors import BlobNotFoundError, ShapeError
+
+    workspace.ResetWorkspace()
+    model, op = _sum_mul_model(False)
+    workspace.FeedBlob("input", np.ones((3, 2, 2), np.float32))
+    workspace.FeedBlob("initial_input", np.ones((1, 5, 2), np.float32))
+    with pytest.raises(ShapeError, match="initial_input.*batch size"):
+        workspace.RunNetOnce(model.net)
+    workspace.FeedBlob("input", np.ones((3,), np.float32))
+    with pytest.raises(ShapeError, match="must be T x N"):
+        workspace.RunNetOnce(model.net)
+    step = [a for a in op.arg if a.name == "step_net"][0].n
+    step.op[0].input[0] = "not_a_blob"
+    workspace.FeedBlob("input", np.ones((3, 5, 2), np.float32))
+    with pytest.raises(BlobNotFoundError, match="timestep 0.*not_a_blob"):
+        workspace.RunOperatorOnce(op)
