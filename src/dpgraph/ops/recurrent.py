@@ -10,7 +10,8 @@ their initial inputs; *aliases* expose them as outputs (``<out>_all`` = state[1:
 ``RecurrentNetworkGradient`` runs the ``backward_step_net`` for t = T-1..0 in the same step
 workspaces, summing parameter gradients over the steps and passing state gradients through
 ``<state>_grad`` tensors.  Links are applied natively before each step (views into the outer
-tensors) and every linked blob a step op replaced is copied back into its rows afterwards.
+tensors); a linked blob a step op replaces is copied into its rows right after that op, so a
+later op reading another window of the same tensor sees it, as with Caffe2's shared memory.
 """
 
 from __future__ import annotations
