@@ -225,3 +225,33 @@ def test_dropout_cell_and_layered_lstm_names() -> None:
     outs = rnn_cell.layered_LSTM(layered, "x", "lengths", ["h0", "c0"], 2, [3, 4], scope="lay")
     assert str(outs[0]) == "lay_layer_1/hidden_state_all"
     assert "lay_layer_1/gates_t_w" in [str(p) for p in layered.params]
+
+
+def test_predictor_exporter_round_trip_of_an_lstm(tmp_path: object) -> None:
+    from dpgraph.predictor import predictor_exporter as pe
+
+    workspace.ResetWorkspace()
+    model = ModelHelper(name="lstm_export")
+    out = rnn_cell.LSTM(model, "x", "lengths", ["h0", "c0"], 2, 3, scope="L",
+                        forward_only=True)
+    workspace.RunNetOnce(model.param_init_net)
+    rng = np.random.default_rng(0)
+    feeds = {"x": rng.standard_normal((4, 2, 2)).astype(np.float32),
+             "h0": rng.standard_normal((1, 2, 3)).astype(np.float32),
+             "c0": rng.standard_normal((1, 2, 3)).astype(np.float32),
+             "lengths": np.array([4, 2], np.int32)}
+    for name, value in feeds.items():
+        workspace.FeedBlob(name, value)
+    workspace.RunNetOnce(model.net)
+    expected = workspace.FetchBlob(out[0])
+    meta = pe.PredictorExportMeta(predict_net=model.net.Proto(),
+                                  parameters=[str(p) for p in model.params],
+                                  inputs=list(feeds), outputs=[str(out[0])])
+    path = str(tmp_path) + "/lstm.minidb"  # type: ignore[operator]
+    pe.save_to_db("minidb", path, meta)
+    workspace.ResetWorkspace()
+    net = pe.prepare_prediction_net(path, "minidb")
+    for name, value in feeds.items():
+        workspace.FeedBlob(name, value)
+    workspace.RunNet(net.Proto().name)
+    np.testing.assert_array_equal(workspace.FetchBlob(out[0]), expected)
