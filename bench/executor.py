@@ -12,9 +12,11 @@ Prints ONE JSON object.  Figures:
   ``*_ratio`` compares medians with numpy computing the same gradients as Caffe2 (including
   the first FC's data gradient, which FCGradient always computes; target <= 1.05),
   ``*_ratio_no_data_grad`` with numpy skipping it (target <= 1.2).  ``same_math_as_numpy``
-  checks that one dpgraph step gives the parameters one numpy step gives.
+  checks that one dpgraph step gives the parameters one numpy step gives.  ``*_cpu_ratio*``
+  are the same ratios of process CPU time (steadier than wall time when other processes
+  load the machine).
 
-Run: ``python bench/executor.py [--ops N] [--steps K]``.
+Run: ``python bench/executor.py [--ops N] [--steps K] [--blas-threads T]``.
 """
 
 from __future__ import annotations
@@ -43,6 +45,13 @@ def _time(fn: Any, repeats: int) -> list[float]:
         fn()
         times.append(time.perf_counter() - start)
     return times
+
+
+def _cpu_time(fn: Any) -> tuple[float, float]:
+    """(wall, process CPU) seconds of one call; CPU time is steadier on a shared machine."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    fn()
+    return time.perf_counter() - wall, time.process_time() - cpu
 
 
 def dispatch(num_ops: int, repeats: int) -> dict[str, Any]:
@@ -166,12 +175,14 @@ def mlp(iters: int) -> dict[str, Any]:
     same_math = _same_math(params, x, label, runs["simple"][0])
     for fn in baselines.values():
         fn()
-    times: dict[str, list[float]] = {k: [] for k in (*baselines, *runs)}
+    steps = {**baselines, **{t: (lambda w=ws, n=net: w.run_net(n)) for t, (ws, net) in runs.items()}}
+    times: dict[str, list[float]] = {k: [] for k in steps}
+    cpu: dict[str, list[float]] = {k: [] for k in steps}
     for _ in range(iters):
-        for key, fn in baselines.items():
-            times[key] += _time(fn, 1)
-        for net_type, (ws, net) in runs.items():
-            times[net_type] += _time(lambda w=ws, n=net: w.run_net(n), 1)
+        for key, fn in steps.items():
+            wall, used = _cpu_time(fn)
+            times[key].append(wall)
+            cpu[key].append(used)
     same = np.array_equal(runs["simple"][0].fetch_blob("w0"), runs["dag"][0].fetch_blob("w0"))
     result: dict[str, Any] = {"batch": BATCH, "sizes": list(SIZES), "steps": iters,
                               "simple_equals_dag": bool(same), "same_math_as_numpy": same_math}
@@ -179,10 +190,12 @@ def mlp(iters: int) -> dict[str, Any]:
     for key in times:
         result[f"{key}_median_ms"] = round(median[key], 3)
         result[f"{key}_min_ms"] = round(min(times[key]) * 1e3, 3)
+    cpu_median = {k: statistics.median(v) * 1e3 for k, v in cpu.items()}
     for net_type in runs:
-        result[f"{net_type}_ratio"] = round(median[net_type] / median["numpy"], 3)
-        result[f"{net_type}_ratio_no_data_grad"] = round(
-            median[net_type] / median["numpy_no_data_grad"], 3)
+        for suffix, base in (("", "numpy"), ("_no_data_grad", "numpy_no_data_grad")):
+            result[f"{net_type}_ratio{suffix}"] = round(median[net_type] / median[base], 3)
+            result[f"{net_type}_cpu_ratio{suffix}"] = round(
+                cpu_median[net_type] / cpu_median[base], 3)
     for ws, _ in runs.values():
         ws.reset()
     return result
@@ -198,16 +211,35 @@ def _same_math(params: dict[str, np.ndarray], x: np.ndarray, label: np.ndarray,
     return all(np.allclose(ws.fetch_blob(k), state[k], rtol=1e-4, atol=1e-6) for k in params)
 
 
+def _limit_blas_threads(threads: int) -> Any:
+    """A context limiting BLAS threads (threadpoolctl), or ``None`` when not asked/available."""
+    if threads <= 0:
+        return None
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        return None
+    return threadpool_limits(limits=threads, user_api="blas")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ops", type=int, default=10_000)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--blas-threads", type=int, default=0,
+                        help="also time the MLP with BLAS limited to N threads (threadpoolctl): "
+                             "steadier figures on a shared machine; 0 = only the default")
     args = parser.parse_args()
-    report = {"benchmark": "executor", "dispatch": dispatch(args.ops, args.repeats),
-              "mlp": mlp(args.steps),
-              "targets": {"simple_us_per_op": 15, "mlp_ratio": 1.05,
-                          "mlp_ratio_no_data_grad": 1.2}}
+    report: dict[str, Any] = {"benchmark": "executor",
+                              "dispatch": dispatch(args.ops, args.repeats),
+                              "mlp": mlp(args.steps)}
+    limit = _limit_blas_threads(args.blas_threads)
+    if limit is not None:
+        with limit:
+            report[f"mlp_blas_threads_{args.blas_threads}"] = mlp(args.steps)
+    report["targets"] = {"simple_us_per_op": 15, "mlp_ratio": 1.05,
+                         "mlp_ratio_no_data_grad": 1.2}
     print(json.dumps(report))
 
 
