@@ -14,10 +14,12 @@ def _record() -> schema.Struct:
 
 
 def test_input_record_without_blobs_gets_scoped_external_inputs() -> None:
-    net = core.Net("n")
+    net = core.Net("records")
+    name = net.Name()  # "records", or "records_<k>" when another net took the name
     record = net.set_input_record(_record())
-    assert [str(b) for b in record.field_blobs()] == ["n/a", "n/b"]
-    assert list(net.Proto().external_input) == ["n/a", "n/b"] and net.has_input_record()
+    assert [str(b) for b in record.field_blobs()] == [f"{name}/a", f"{name}/b"]
+    assert list(net.Proto().external_input) == [f"{name}/a", f"{name}/b"]
+    assert net.has_input_record()
     with pytest.raises(NetError, match="cannot be reset"):
         net.set_input_record(_record())
 
