@@ -212,3 +212,30 @@ def _build_into(model: Any, devices: list[int]) -> None:
     data_parallel_model.Parallelize(model, lambda m: None, mlp_forward,
                                     param_update_builder_fun=manual_sgd, devices=devices,
                                     cpu_device=True)
+
+
+def test_renamer_moves_scoped_names_split_gradients_control_inputs_and_devices() -> None:
+    from dpgraph.parallel.clone import Renamer, plans_of
+    from dpgraph.proto import caffe2_pb2
+
+    renamer = Renamer("gpu", 0, 12, caffe2_pb2.CUDA)
+    assert renamer.name("gpu_0/fc_w") == "gpu_12/fc_w"
+    assert renamer.name("_gpu_0/relu_grad_autosplit_0") == "_gpu_12/relu_grad_autosplit_0"
+    assert renamer.name("gpu_01/x") == "gpu_01/x" and renamer.name("ONE") == "ONE"
+    summed = caffe2_pb2.OperatorDef(type="Sum", input=["gpu_0/a", "ONE"], output=["gpu_0/a"],
+                                    control_input=["gpu_0/c"])
+    summed.device_option.device_type = caffe2_pb2.CUDA
+    summed.device_option.device_id = 0
+    summed.device_option.extra_info.append("is_auto_gen_sum_ops:1")
+    pinned = caffe2_pb2.OperatorDef(type="Copy", input=["gpu_0/a"], output=["cpu_0/a"])
+    pinned.device_option.device_type = caffe2_pb2.CPU
+    pinned.device_option.device_id = 0
+    targets = [caffe2_pb2.OperatorDef(), caffe2_pb2.OperatorDef()]
+    renamer.ops_into(plans_of([summed, pinned], renamer.first_option), targets)
+    moved, kept = targets
+    assert (list(moved.input), list(moved.output), list(moved.control_input)) == (
+        ["gpu_12/a", "ONE"], ["gpu_12/a"], ["gpu_12/c"])
+    assert moved.device_option.device_id == 12
+    assert list(moved.device_option.extra_info) == ["is_auto_gen_sum_ops:1"]
+    assert kept.device_option.device_type == caffe2_pb2.CPU  # another device: not moved
+    assert kept.device_option.device_id == 0 and list(kept.output) == ["cpu_0/a"]
