@@ -63,10 +63,11 @@ def test_get_contains_and_list_map_paths() -> None:
     assert st.get("zz", 7) == 7 and len(st) == 2
     lst = schema.List(schema.Scalar(str))
     s = schema.Struct(("f1", schema.Scalar(np.int32)), ("f2", lst))
-    assert s["f2:lengths"] is lst.lengths and s["f2:values"] is lst.items
+    assert s["f2:lengths"] == lst.lengths and s["f2:values"] == lst.items
+    assert s["f2:lengths"] is not lst.lengths  # containers own clones, as in Caffe2
     m = schema.Map(schema.Scalar(np.int32), schema.Scalar(np.float32))
     s = schema.Struct(("f2", m))
-    assert s["f2:values:keys"] is m.keys and s["f2:values:values"] is m.values
+    assert s["f2:values:keys"] == m.keys and s["f2:values:values"] == m.values
     with pytest.raises(KeyError):
         s["f2:keys:nothing"]
     ev = schema.ListWithEvicted(schema.Scalar(np.int32))

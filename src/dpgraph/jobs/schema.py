@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from dpgraph.errors import ModelConfigError
 from dpgraph.ir.blob import BlobReference
 from dpgraph.proto import caffe2_pb2
 
@@ -30,9 +31,10 @@ def _join_field_name(prefix: str, suffix: str) -> str:
 
 
 def _normalize_field(field_or_type_or_blob: Any, keep_blobs: bool = True) -> Field:
-    """A Field from a Field, a type/dtype (-> Scalar of it) or a blob (-> Scalar holding it)."""
+    """A Field for a container: a clone of a Field (containers own their children, as in
+    Caffe2), a Scalar of a type/dtype, or a Scalar holding a blob."""
     if isinstance(field_or_type_or_blob, Field):
-        return field_or_type_or_blob
+        return field_or_type_or_blob.clone(keep_blobs=keep_blobs)
     if isinstance(field_or_type_or_blob, (type, np.dtype)):
         return Scalar(dtype=field_or_type_or_blob)
     return Scalar(blob=field_or_type_or_blob)
@@ -158,8 +160,8 @@ class List(Field):
         return self.lengths.has_blobs() and self._items.has_blobs()
 
     def clone(self, keep_blobs: bool = True) -> List:
-        return type(self)(_normalize_field(self._items.clone(keep_blobs)),
-                          _normalize_field(self.lengths.clone(keep_blobs)))
+        return type(self)(_normalize_field(self._items, keep_blobs),
+                          _normalize_field(self.lengths, keep_blobs))
 
     def _pprint_impl(self, indent: int, lines: list[str]) -> None:
         lines.append("  " * indent + "List(")
@@ -201,7 +203,7 @@ class ListWithEvicted(List):
         if isinstance(evicted_values, Field):
             if not isinstance(evicted_values, Scalar):
                 raise TypeError("ListWithEvicted evicted_values must be a Scalar")
-            self._evicted_values = evicted_values
+            self._evicted_values = _normalize_field(evicted_values)
         else:
             self._evicted_values = Scalar(np.int64, evicted_values)
         super().__init__(values, lengths_blob=lengths_blob)
@@ -225,9 +227,9 @@ class ListWithEvicted(List):
         return super().has_blobs() and self._evicted_values.has_blobs()
 
     def clone(self, keep_blobs: bool = True) -> ListWithEvicted:
-        return type(self)(_normalize_field(self._items.clone(keep_blobs)),
-                          _normalize_field(self.lengths.clone(keep_blobs)),
-                          _normalize_field(self._evicted_values.clone(keep_blobs)))
+        return type(self)(_normalize_field(self._items, keep_blobs),
+                          _normalize_field(self.lengths, keep_blobs),
+                          _normalize_field(self._evicted_values, keep_blobs))
 
     def __getattr__(self, item: str) -> Any:
         if item == "_evicted_values":
@@ -245,15 +247,17 @@ class Struct(Field):
     construction: assigning a public attribute raises TypeError."""
 
     def __init__(self, *fields: tuple[str, Any]) -> None:
+        for field in fields:
+            if len(field) != 2 or not field[0]:
+                raise ModelConfigError(f"Struct fields are (name, field) pairs with non-empty "
+                                       f"names, got {field!r}")
+            if field[0] == "lengths":
+                raise ModelConfigError("Struct cannot contain a field named `lengths`.")
         normalized = [(name, _normalize_field(field)) for name, field in fields]
         self.__dict__["fields"] = OrderedDict()
         for name, field in normalized:
             if FIELD_SEPARATOR in name:
                 name, field = self._struct_from_nested_name(name, field)
-            if not name:
-                raise ValueError("Struct field names must be non-empty.")
-            if name == "lengths":
-                raise ValueError("Struct field name 'lengths' is reserved for List lengths.")
             if name not in self.fields:
                 self.fields[name] = field
                 continue
@@ -299,7 +303,7 @@ class Struct(Field):
         return all(field.has_blobs() for field in self.fields.values())
 
     def clone(self, keep_blobs: bool = True) -> Struct:
-        return type(self)(*[(name, field.clone(keep_blobs))
+        return type(self)(*[(name, _normalize_field(field, keep_blobs))
                             for name, field in self.fields.items()])
 
     def _get_field_by_nested_name(self, nested_name: str) -> Field | None:
@@ -790,9 +794,9 @@ def equal_schemas(schema: Field, original_schema: Field, check_field_names: bool
 def schema_check(schema: Field, previous: Field | None = None) -> Field:
     """``schema`` after checking it equals ``previous`` (when given)."""
     record = as_record(schema)
-    if previous is not None:
-        if record != previous:
-            raise ValueError(f"Schema {record} does not match the previous schema {previous}.")
+    if previous is not None and not equal_schemas(schema, previous):
+        raise ModelConfigError(f"Schema {record} does not match the previous schema "
+                               f"{previous}.")
     return record
 
 
