@@ -247,11 +247,11 @@ class Struct(Field):
     construction: assigning a public attribute raises TypeError."""
 
     def __init__(self, *fields: tuple[str, Any]) -> None:
-        for field in fields:
-            if len(field) != 2 or not field[0]:
+        for pair in fields:
+            if len(pair) != 2 or not pair[0]:
                 raise ModelConfigError(f"Struct fields are (name, field) pairs with non-empty "
-                                       f"names, got {field!r}")
-            if field[0] == "lengths":
+                                       f"names, got {pair!r}")
+            if pair[0] == "lengths":
                 raise ModelConfigError("Struct cannot contain a field named `lengths`.")
         normalized = [(name, _normalize_field(field)) for name, field in fields]
         self.__dict__["fields"] = OrderedDict()
