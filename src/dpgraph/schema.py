@@ -1,20 +1,22 @@
 """Caffe2's ``schema``: records of blobs (Struct, Scalar, List, Map, ...)."""
 
-from dpgraph.jobs.schema import (
-    FIELD_SEPARATOR,
+from dpgraph.jobs.records import (
     ConstRecord,
-    FeatureSpec,
     FeedRecord,
     FetchRecord,
-    Field,
     InitEmptyRecord,
+    NewRecord,
+)
+from dpgraph.jobs.schema import (
+    FIELD_SEPARATOR,
+    FeatureSpec,
+    Field,
     List,
     ListWithEvicted,
     Map,
     MapWithEvicted,
     Metadata,
     NamedTuple,
-    NewRecord,
     RawTuple,
     Scalar,
     Struct,

@@ -10,13 +10,8 @@ from dpgraph.errors import NetError
 from dpgraph.ir.operator import output_to_list
 from dpgraph.ir.scope import NameScope
 from dpgraph.jobs.dataio import Reader, Writer
-from dpgraph.jobs.schema import (
-    Field,
-    InitEmptyRecord,
-    Struct,
-    from_blob_list,
-    from_column_list,
-)
+from dpgraph.jobs.records import InitEmptyRecord
+from dpgraph.jobs.schema import Field, Struct, from_blob_list, from_column_list
 
 
 class _DatasetReader(Reader):
