@@ -175,7 +175,8 @@ def mlp(iters: int) -> dict[str, Any]:
     same_math = _same_math(params, x, label, runs["simple"][0])
     for fn in baselines.values():
         fn()
-    steps = {**baselines, **{t: (lambda w=ws, n=net: w.run_net(n)) for t, (ws, net) in runs.items()}}
+    steps = {**baselines,
+             **{t: (lambda w=ws, n=net: w.run_net(n)) for t, (ws, net) in runs.items()}}
     times: dict[str, list[float]] = {k: [] for k in steps}
     cpu: dict[str, list[float]] = {k: [] for k in steps}
     for _ in range(iters):

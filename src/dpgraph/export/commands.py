@@ -163,8 +163,8 @@ def _blob_list(title: str, names: Iterable[str]) -> str:
 
 def inspect_lines(proto: caffe2_pb2.NetDef, init: caffe2_pb2.NetDef | None = None) -> list[str]:
     """The report of ``dpgraph inspect`` as lines."""
-    from dpgraph.ir.verify import verify_problems
     from dpgraph.ir.analysis import op_types, ops_by_device
+    from dpgraph.ir.verify import verify_problems
 
     kind = proto.type or "simple"
     lines = [f"net {proto.name or '<unnamed>'!r}: {len(proto.op)} ops, type {kind}"

@@ -7,8 +7,9 @@ Checks, reporting every problem at once (op index, type and blob in each message
   declares external inputs, as Caffe2's net creation does), and undefined external outputs;
 - an op on one GPU touching a blob in another GPU's name scope (``gpu_1/...`` read by an op
   on ``gpu_0``), except for ops allowed to (:func:`dpgraph.ir.analysis.may_name_other_devices`:
-  copies, collectives, peer readers such as Concat, and Parallelize's ``dpm`` Sum).  CPU ops are not checked: every CPU device option shares host
-  memory, and Parallelize's CPU all-reduce sums ``cpu_<k>/`` blobs on the first device.
+  copies, collectives, peer readers such as Concat, and Parallelize's ``dpm`` Sum).  CPU ops
+  are not checked: every CPU device option shares host memory, and Parallelize's CPU
+  all-reduce sums ``cpu_<k>/`` blobs on the first device.
   Name scopes are taken as placements only for a GPU whose own scope the net uses: a
   predictor extracted for ``gpu:1`` keeps its ``gpu_0/`` names (as Caffe2's
   ``ExtractPredictorNet`` does) and all its blobs live on GPU 1.

@@ -60,20 +60,19 @@ def out_buffer(ctx: Any, input_index: int, output_index: int) -> np.ndarray:
     return target if target is not None else np.empty_like(ctx.inputs[input_index])
 
 
-def distinct_buffers(*values: Any) -> bool:
-    """True when no two of the numpy arrays among ``values`` may share memory, so updating
-    one in place (step by step) cannot change another before it is read."""
-    arrays = [v for v in values if type(v) is np.ndarray]
-    return not any(np.may_share_memory(a, b)
-                   for i, a in enumerate(arrays) for b in arrays[i + 1:])
-
-
 def same_float_arrays(*values: Any) -> bool:
-    """Distinct numpy float arrays of one dtype: what an in-place kernel needs to compute
-    with ``out=`` the same values its allocating form computes."""
+    """Numpy float arrays of one dtype: then one ufunc with ``out=`` computes the values the
+    allocating form computes (a single ufunc also handles overlapping operands)."""
     first = values[0]
-    return (all(type(v) is np.ndarray and v.dtype == first.dtype for v in values)
-            and first.dtype.kind == "f" and distinct_buffers(*values))
+    return type(first) is np.ndarray and first.dtype.kind == "f" and all(
+        type(v) is np.ndarray and v.dtype == first.dtype for v in values)
+
+
+def reads_apart(target: Any, others: Sequence[Any]) -> bool:
+    """True when ``target`` (an array updated step by step in place, or ``None``) shares no
+    memory with the ``others``, which later steps still read."""
+    return target is None or not any(
+        type(v) is np.ndarray and np.may_share_memory(target, v) for v in others)
 
 
 # --- shape functions ---------------------------------------------------------------------

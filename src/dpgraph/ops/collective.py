@@ -3,8 +3,8 @@ NCCLAllGather.
 
 Inputs are the per-device copies (input ``k`` lives on device ``k``); output ``k`` is written
 on the device of input ``k`` (NCCLReduce: on the root's device).  These ops are
-``cross_device``, ``collective`` and have side effects.  Reductions add the inputs in input order, so the
-result does not depend on the executor.
+``cross_device`` and ``collective`` and have side effects.  Reductions add the inputs in
+input order, so the result does not depend on the executor.
 """
 
 from __future__ import annotations

@@ -194,7 +194,8 @@ def reduce(ctx: OpContext) -> Outputs:
     return tuple(world.reduce(_buffers(ctx), _root(ctx, world), _seconds(ctx, None)))
 
 
-@register_op("Allgather", inputs=(2, None), outputs=1, side_effects=True, cross_device=True, collective=True)
+@register_op("Allgather", inputs=(2, None), outputs=1, side_effects=True, cross_device=True,
+             collective=True)
 def allgather(ctx: OpContext) -> Outputs:
     """Stack the local copies of every rank: ``(size * copies, *shape)``, rank-major."""
     world = _world(ctx)

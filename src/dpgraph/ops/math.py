@@ -27,6 +27,7 @@ from dpgraph.ops._common import (
     as_dtype,
     inplace_target,
     out_buffer,
+    reads_apart,
     same_as_input,
     same_float_arrays,
     to_host,
@@ -155,11 +156,11 @@ def _binary_target(ctx: OpContext, a: Any, b: Any) -> Any:
 
 
 def _register_arithmetic(op_type: str, fn: Callable[[Any, Any, Any], Any]) -> None:
-    ufunc = _UFUNCS.get(op_type)
+    ufunc = _UFUNCS[op_type]
 
     def kernel(ctx: OpContext) -> Outputs:
         a, b = binary_operands(ctx)
-        target = _binary_target(ctx, a, b) if ufunc is not None else None
+        target = _binary_target(ctx, a, b)
         if target is not None:
             return (ufunc(a, b, out=target),)
         return (as_dtype(ctx.xp, fn(ctx.xp, ctx.xp.asarray(a), ctx.xp.asarray(b)),
@@ -441,7 +442,7 @@ def scale(ctx: OpContext) -> Outputs:
     """Y = scale * X."""
     x = ctx.xp.asarray(ctx.inputs[0])
     if same_float_arrays(x):
-        return (np.multiply(x, ctx.float_arg("scale", 1.0), out=inplace_target(ctx, 0, 0)),)
+        return (np.multiply(x, ctx.float_arg("scale", 1.0), out=out_buffer(ctx, 0, 0)),)
     return (as_dtype(ctx.xp, x * ctx.float_arg("scale", 1.0), x.dtype),)
 
 
@@ -518,7 +519,9 @@ def sum_op(ctx: OpContext) -> Outputs:
             raise ctx.fail(f"input {ctx.input_name(index)!r} has shape {np.shape(value)} but "
                            f"{ctx.input_name(0)!r} has {first.shape}; Sum needs inputs of one "
                            f"shape (use Add with broadcast=1 to broadcast)")
-    if same_float_arrays(*ctx.inputs):  # one pass per input, into X0 when in place
+    if same_float_arrays(*ctx.inputs) and reads_apart(inplace_target(ctx, 0, 0),
+                                                      ctx.inputs[2:]):
+        # one pass per input, into X0 when in place (X2... are read after X0 is written)
         total = np.add(first, ctx.inputs[1], out=out_buffer(ctx, 0, 0))
         for value in ctx.inputs[2:]:
             np.add(total, value, out=total)

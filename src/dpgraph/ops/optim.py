@@ -23,8 +23,10 @@ from dpgraph.ops._common import (
     FLOAT16,
     INT64,
     host,
+    inplace_target,
     like_inputs,
     out_buffer,
+    reads_apart,
     same_as_input,
     same_float_arrays,
     scalar_value,
@@ -111,7 +113,8 @@ def weighted_sum(ctx: OpContext) -> Outputs:
         if w.size != 1:
             raise ctx.fail(f"weights must have one element, got shape {w.shape}")
     weights = [ctx.xp.asarray(w, dtype=x0.dtype).reshape(()) for w in ctx.inputs[1::2]]
-    if same_float_arrays(*xs):  # in place into X0 when the op is (SGD's param update)
+    if same_float_arrays(*xs) and reads_apart(inplace_target(ctx, 0, 0), xs[1:]):
+        # in place into X0 when the op is (SGD's param update); X1... are read after
         out = np.multiply(x0, weights[0], out=out_buffer(ctx, 0, 0))
         scratch = None
         for x, w in zip(xs[1:], weights[1:]):
@@ -223,7 +226,7 @@ def momentum_sgd(ctx: OpContext) -> Outputs:
     """[grad, moment, lr] -> [adjusted grad, moment]."""
     check_same_shape(ctx, 0, 1)
     g, m, lr = ctx.inputs
-    if same_float_arrays(g, m):
+    if same_float_arrays(g, m) and reads_apart(g, [m]):
         return _momentum_into(ctx, scalar_value(lr), *_momentum_args(ctx))
     return _momentum_step(g, m, scalar_value(lr), *_momentum_args(ctx))
 
@@ -235,7 +238,7 @@ def momentum_sgd_update(ctx: OpContext) -> Outputs:
     moment and param are updated in place when the op names them as its outputs."""
     check_same_shape(ctx, 0, 1, 3)
     g, m, lr, p = ctx.inputs
-    if same_float_arrays(g, m, p):
+    if same_float_arrays(g, m, p) and reads_apart(g, [m, p]) and reads_apart(m, [p]):
         adjusted, new_m = _momentum_into(ctx, scalar_value(lr), *_momentum_args(ctx))
         return adjusted, new_m, np.subtract(p, adjusted, out=out_buffer(ctx, 3, 2))
     adjusted, new_m = _momentum_step(g, m, scalar_value(lr), *_momentum_args(ctx))
