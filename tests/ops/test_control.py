@@ -12,6 +12,7 @@ from dpgraph.control_ops_grad import disambiguate_grad_if_op_output
 from dpgraph.control_ops_util import add_if_op, add_while_op, get_external_blob_names
 from dpgraph.errors import ModelConfigError
 from dpgraph.gradient_checker import NetGradientChecker
+from dpgraph.proto import caffe2_pb2
 
 X = np.array([1.0, 2.0, 3.0], np.float32)
 W = np.array([0.5, -1.0, 2.0], np.float32)
@@ -201,3 +202,37 @@ def test_do_reuse_workspace_sees_the_previous_scope() -> None:
         bad.CreateScope([], "W2")
         bad.Do("W2", "W2", net=body.Proto(), inner_blobs=["Z"], outer_blobs_idx=[0])
         workspace.RunNetOnce(bad)
+
+
+@pytest.mark.parametrize("save_scopes,disable_scopes", [(0, 0), (1, 0), (0, 1)])
+@pytest.mark.parametrize("max_trip,condition", [(0, True), (3, True), (20, True), (5, False)])
+def test_onnx_while_fibonacci(save_scopes: int, disable_scopes: int, max_trip: int,
+                              condition: bool) -> None:
+    body = core.Net("onnx_body")
+    body.Add(["first", "second"], "third")
+    limit = body.ConstantFill([], "limit_const", shape=[1], value=100.0)
+    body.LT(["third", limit], "cond_new")
+    proto = caffe2_pb2.NetDef(name="onnx_body")
+    proto.op.extend(body.Proto().op)
+    proto.external_input.extend(["i", "cond", "first", "second"])
+    proto.external_output.extend(["cond_new", "second", "third", "third"])
+    op = core.CreateOperator("ONNXWhile", ["max_trip", "condition", "first_init",
+                                           "second_init"], ["first_a", "second_a", "third_a"],
+                             body=proto, has_cond=True, has_trip_count=True,
+                             save_scopes=save_scopes, disable_scopes=disable_scopes)
+    workspace.FeedBlob("max_trip", np.array(max_trip, np.int64))
+    workspace.FeedBlob("condition", np.array(condition))
+    workspace.FeedBlob("first_init", np.array([1.0], np.float32))
+    workspace.FeedBlob("second_init", np.array([1.0], np.float32))
+    workspace.RunOperatorOnce(op)
+    first, second, results = 1.0, 1.0, []
+    if condition:
+        for _ in range(max_trip):
+            first, second = second, first + second
+            results.append(second)
+            if second > 100:
+                break
+    assert workspace.FetchBlob("first_a").tolist() == [first]
+    assert workspace.FetchBlob("second_a").tolist() == [second]
+    assert workspace.FetchBlob("third_a").tolist() == results
+    assert workspace.HasBlob("cond_new") == bool(disable_scopes and results)

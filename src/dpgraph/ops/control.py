@@ -1,4 +1,5 @@
-"""Control-flow operators: If, While, Do, CreateScope/HasScope, and the counter ops.
+"""Control-flow operators: If, While, ONNXWhile, Do, CreateScope/HasScope, and the counter
+ops.
 
 ``If`` and ``While`` run their NetDef arguments in the op's own workspace.  ``Do`` runs its
 ``net`` in a child scope: a new set of local blobs in which only the bound names
@@ -198,6 +199,74 @@ def while_op(ctx: OpContext) -> Outputs:
         if cond_net is not None:
             ws.run_net_once(cond_net)
     return _current_outputs(ctx)
+
+
+# --- ONNXWhile ----------------------------------------------------------------------------
+def _scalar(value: Any) -> Any:
+    return np.asarray(to_host(value)).reshape(-1)[0]
+
+
+@register_op("ONNXWhile", inputs=(2, None), outputs=(0, None), side_effects=True)
+def onnx_while(ctx: OpContext) -> Outputs:
+    """ONNX Loop: inputs ``[max_trip_count, first_condition, *loop_carried]``; ``body``
+    reads ``(iteration, condition, *loop_carried)`` (its external inputs) and writes
+    ``(condition, *loop_carried, *scan_outputs)`` (its external outputs).  Outputs the
+    final loop-carried values, then each scan output joined over the iterations.
+    ``has_trip_count`` / ``has_cond`` enable the two stop tests; the body runs in a child
+    scope (a new one per iteration with ``save_scopes``) unless ``disable_scopes``."""
+    body = _net_arg(ctx, "body", required=True)
+    ws = _workspace(ctx)
+    has_trip, has_cond = ctx.int_arg("has_trip_count", 0), ctx.int_arg("has_cond", 0)
+    max_trip = int(_scalar(ctx.inputs[0]))
+    first_condition = np.asarray(to_host(ctx.inputs[1]))
+    carried = [np.array(to_host(v), copy=True) for v in ctx.inputs[2:]]
+    ext_in, ext_out = list(body.external_input), list(body.external_output)
+    num_scan = len(ext_out) - len(carried) - 1
+    if num_scan < 0 or len(ext_in) < 2 + len(carried):
+        raise ArgumentError(ctx.describe(
+            f"body must read (iteration, condition, {len(carried)} loop-carried) external "
+            f"inputs and write 1+N+K external outputs; it has {len(ext_in)} and "
+            f"{len(ext_out)}"))
+    if ctx.num_outputs != len(carried) + num_scan:
+        raise ArgumentError(ctx.describe(f"expects {len(carried) + num_scan} outputs "
+                                         f"({len(carried)} loop-carried, {num_scan} scan)"))
+    disable, save = ctx.int_arg("disable_scopes", 0), ctx.int_arg("save_scopes", 0)
+    scope: Any = None
+    scans: list[list[np.ndarray]] = [[] for _ in range(num_scan)]
+    iteration, condition = 0, bool(first_condition.reshape(-1)[0])
+    while (not has_trip or iteration < max_trip) and (not has_cond or condition):
+        if scope is None:
+            scope = ws if disable else shared_child_workspace(ws)
+        scope.set_blob(ext_in[0], np.array(iteration, np.int64))
+        scope.set_blob(ext_in[1], np.array(condition, first_condition.dtype))
+        for name, value in zip(ext_in[2:], carried):
+            scope.set_blob(name, value)
+        scope.run_net_once(body)
+        condition = bool(_scalar(scope.get_blob(ext_out[0])))
+        carried = [np.array(to_host(scope.get_blob(n)), copy=True)
+                   for n in ext_out[1:1 + len(carried)]]
+        for values, name in zip(scans, ext_out[1 + len(carried):]):
+            value = np.array(to_host(scope.get_blob(name)), copy=True)
+            if values and value.shape != values[0].shape:
+                raise ctx.fail("Size of scan output changed across iterations")
+            values.append(value)
+        if save:
+            scope = None
+        iteration += 1
+    return tuple(carried + [_join_scans(v) for v in scans])
+
+
+def _join_scans(values: list[np.ndarray]) -> np.ndarray:
+    """Scan outputs joined as Caffe2 does: along the first dimension (0-d values are
+    stacked); an empty int32 vector when the body never ran."""
+    if not values:
+        return np.zeros(0, np.int32)
+    if values[0].ndim == 0:
+        return np.stack(values)
+    return np.concatenate(values, axis=0)
+
+
+register_gradient("ONNXWhile")(no_gradient)
 
 
 # --- scopes and Do -------------------------------------------------------------------------
