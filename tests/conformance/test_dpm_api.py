@@ -44,14 +44,21 @@ def _names(fun) -> list[str]:
     return [name for name, _ in _params(fun)]
 
 
+#: Keyword-only options dpgraph adds after Caffe2's parameters (gradient buckets).
+DPGRAPH_EXTRAS = [("gradient_bucket_mb", None)]
+
+
 def test_parallelize_signature() -> None:
-    assert _params(data_parallel_model.Parallelize) == PARALLELIZE
+    """Caffe2's parameters, in order and with their defaults, then dpgraph's extras."""
+    assert _params(data_parallel_model.Parallelize) == PARALLELIZE + DPGRAPH_EXTRAS
 
 
 def test_parallelize_bmuf_signature() -> None:
     # Caffe2 names the builders input_fn/forward_fn/param_update_fn in some versions;
     # positional use is what tests rely on, so only order, count and defaults are checked
     got = _params(data_parallel_model.Parallelize_BMUF)
+    assert got[len(PARALLELIZE_BMUF):] == DPGRAPH_EXTRAS
+    got = got[:len(PARALLELIZE_BMUF)]
     assert len(got) == len(PARALLELIZE_BMUF)
     assert [d for _, d in got] == [d for _, d in PARALLELIZE_BMUF]
     assert [n for n, _ in got][4:] == [n for n, _ in PARALLELIZE_BMUF][4:]

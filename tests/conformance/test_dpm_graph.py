@@ -156,11 +156,8 @@ def test_builders_run_per_device_in_device_and_name_scope() -> None:
     model = parallelize([2, 5, 7, 9], input_builder_fun=record("in"),
                         forward_pass_builder_fun=record("fwd"), optimizer_builder_fun=opt,
                         post_sync_builder_fun=record("post"))
-    # dpgraph builds the first two devices with the builders; as the second device's graph
-    # is the first's renamed, devices 7 and 9 are copies (Caffe2 calls the builders for
-    # every device; the graph is the same, see tests/parallel/test_clone.py)
     expected = []
-    for d in (2, 5):
+    for d in (2, 5, 7, 9):
         expected += [("in", f"cpu_{d}/", d, None), ("fwd", f"cpu_{d}/", d, 0.25)]
     expected.append(("opt", "", -1, None))
     expected += [("post", f"cpu_{d}/", d, None) for d in (2, 5, 7, 9)]
@@ -187,7 +184,7 @@ def test_loss_scale_with_rendezvous_shards_formula() -> None:
     scales = []
     model = parallelize([0, 1, 2], forward_pass_builder_fun=lambda m, s: scales.append(s) or
                         forward(m, s))
-    assert scales == [pytest.approx(1 / 3)] * 2  # the third device is a copy of the first
+    assert scales == [pytest.approx(1 / 3)] * 3
     loss_scales = [a.f for op in ops(model.net, "Scale") if op.output[0].endswith("/loss_scaled")
                    for a in op.arg if a.name == "scale"]
     assert loss_scales == [pytest.approx(1 / 3)] * 3

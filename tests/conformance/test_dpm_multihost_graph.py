@@ -59,7 +59,7 @@ def _timeout(op: Any) -> int:
 
 def test_loss_scale_and_workers(monkeypatch: pytest.MonkeyPatch) -> None:
     model, scales = build(monkeypatch)
-    assert scales == [pytest.approx(1 / 6)] * 2  # the third device is a copy of the first
+    assert scales == [pytest.approx(1 / 6)] * 3
     loss_scales = [a.f for op in model.net.Proto().op
                    if op.type == "Scale" and op.output[0].endswith("/ls")
                    for a in op.arg if a.name == "scale"]

@@ -16,6 +16,13 @@ from dpgraph import brew, core, model_helper, workspace
 from dpgraph.parallel import replicate
 
 
+@pytest.fixture(autouse=True)
+def clone_builders(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests exercise builder cloning, which is opt-in (Caffe2 calls the builders
+    once per device; see replicate.CLONE_BUILDERS)."""
+    monkeypatch.setattr(replicate, "CLONE_BUILDERS", True)
+
+
 def _counting(forward: Callable[..., Any]) -> tuple[Callable[..., Any], list[str]]:
     scopes: list[str] = []
 

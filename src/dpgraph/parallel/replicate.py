@@ -24,6 +24,14 @@ log = logging.getLogger("dpgraph.parallel")
 #: builders, so with two devices there is nothing to clone).
 CLONE_MIN_DEVICES = 3
 
+#: Whether the input and forward builders may be called for the first two devices only,
+#: the others being renamed copies (checked against the second device's real build).
+#: Off by default: Caffe2 calls the builders once per device, and a builder's side effects
+#: outside the model (counters, lists, files) cannot be seen.  Turn it on when the builders
+#: are pure functions of (model, scopes) to make Parallelize of many devices faster; the
+#: backward pass is cloned either way.
+CLONE_BUILDERS = False
+
 
 @contextlib.contextmanager
 def device_scopes(state: ParallelState, device: int) -> Iterator[None]:
@@ -103,7 +111,7 @@ def replicate(state: ParallelState) -> None:
         if template is not None and index >= 2:
             state.losses_by_device[device] = clone.apply(model, template,
                                                          _renamer(state, device))
-        elif len(devices) >= CLONE_MIN_DEVICES and index == 0:
+        elif CLONE_BUILDERS and len(devices) >= CLONE_MIN_DEVICES and index == 0:
             losses, first = _recorded_build(state, device)
             state.losses_by_device[device] = losses
             template = first if clone.replayable(first) else None
