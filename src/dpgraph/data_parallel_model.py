@@ -32,7 +32,6 @@ from dpgraph.parallel.config import (
 from dpgraph.parallel.grouping import stripBlobName
 from dpgraph.parallel.lifecycle import (
     AddBlobSync,
-    AddDistributedBlobSync,
     CreateNet,
     FinalizeAfterCheckpoint,
     GetCheckpointParams,
@@ -40,6 +39,7 @@ from dpgraph.parallel.lifecycle import (
     RunNet,
     RunWarmup,
 )
+from dpgraph.parallel.lifecycle import AddDistributedBlobSync as _add_distributed_blob_sync
 from dpgraph.parallel.lifecycle import Synchronize as _synchronize
 from dpgraph.parallel.multihost import AllCompareBlobs
 from dpgraph.parallel.pipeline import parallelize
@@ -207,6 +207,12 @@ def Parallelize_CPU_BMUF(*args: Any, **kwargs: Any) -> None:
     """``Parallelize_BMUF`` on CPU devices."""
     kwargs["cpu_device"] = True
     Parallelize_BMUF(*args, **kwargs)
+
+
+def AddDistributedBlobSync(model: Any, blobs: Any) -> None:
+    """All-reduce ``blobs`` across hosts (not devices); its common world uses this
+    module's ``_DEFAULT_TIMEOUT_SEC``, read now (a no-op on one host)."""
+    _add_distributed_blob_sync(model, blobs, timeout_sec=_DEFAULT_TIMEOUT_SEC)
 
 
 def Synchronize(model: Any, timeout_sec: float = _DEFAULT_BARRIER_NET_TIMEOUT_SEC) -> None:

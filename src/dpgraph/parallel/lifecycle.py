@@ -154,11 +154,12 @@ def AddBlobSync(model: Any, blobs: Sequence[Any], net: Any = None) -> None:
     _sync(state_of(model), model.param_init_net, net, {str(b) for b in blobs})
 
 
-def AddDistributedBlobSync(model: Any, blobs: Sequence[Any]) -> None:
+def AddDistributedBlobSync(model: Any, blobs: Sequence[Any],
+                           timeout_sec: float | None = None) -> None:
     """All-reduce blobs across hosts (not devices); nothing to do on one host."""
     if not is_distributed(getattr(model, "_rendezvous", None)):
         return
-    multihost.add_blob_sync(model, blobs)
+    multihost.add_blob_sync(model, blobs, timeout_sec)
 
 
 def Synchronize(model: Any, timeout_sec: float = DEFAULT_BARRIER_NET_TIMEOUT_SEC) -> None:

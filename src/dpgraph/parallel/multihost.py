@@ -243,12 +243,12 @@ def add_barrier(state: ParallelState, timeout_sec: float) -> None:
     state.nets.insert(0, net)
 
 
-def add_blob_sync(model: Any, blobs: Sequence[Any]) -> None:
+def add_blob_sync(model: Any, blobs: Sequence[Any], timeout_sec: float | None = None) -> None:
     """``AddDistributedBlobSync``: one Allreduce of ``blobs`` across hosts (not devices)."""
     rendezvous = _model_rendezvous(model)
     names = [str(b) for b in blobs]
     world = create_or_clone_common_world(model.param_init_net, f"{'_'.join(names)}_cw",
-                                         rendezvous)
+                                         rendezvous, timeout_sec=timeout_sec)
     emit(model.net, make_op("Allreduce", [world, *names], names, engine=rendezvous.engine))
 
 
