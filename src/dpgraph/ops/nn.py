@@ -73,7 +73,7 @@ def _fc_forward(ctx: OpContext, transposed: bool) -> Outputs:
         y += b.reshape(n)  # into the matmul's result: no second [M, N] temporary
     else:
         y = y + b.reshape(n)
-    return (_as(y.reshape(*x.shape[:axis], n), x.dtype),)
+    return (_as(_shaped(y, (*x.shape[:axis], n)), x.dtype),)
 
 
 def _as(value: Any, dtype: Any) -> Any:
@@ -81,15 +81,21 @@ def _as(value: Any, dtype: Any) -> Any:
     return value if value.dtype == dtype else value.astype(dtype)
 
 
+def _shaped(value: Any, shape: tuple[int, ...]) -> Any:
+    """``value`` itself when it has ``shape`` (a reshape would make a view, which later
+    in-place updates of the blob cannot write into), else reshaped."""
+    return value if value.shape == tuple(shape) else value.reshape(shape)
+
+
 def _fc_backward(ctx: OpContext, transposed: bool) -> Outputs:
     x, w, dy = ctx.inputs
     axis, m, k, n = _fc_dims(ctx, x.shape, w.shape, transposed)
     x2, dy2 = x.reshape(m, k), dy.reshape(m, n)
     dw = ctx.xp.matmul(x2.T, dy2) if transposed else ctx.xp.matmul(dy2.T, x2)
-    outs: list[Any] = [_as(dw.reshape(w.shape), w.dtype), _as(dy2.sum(axis=0), dy.dtype)]
+    outs: list[Any] = [_as(_shaped(dw, w.shape), w.dtype), _as(dy2.sum(axis=0), dy.dtype)]
     if ctx.num_outputs > 2:
         w2 = w.reshape(k, n).T if transposed else w.reshape(n, k)
-        outs.append(_as(ctx.xp.matmul(dy2, w2).reshape(x.shape), x.dtype))
+        outs.append(_as(_shaped(ctx.xp.matmul(dy2, w2), x.shape), x.dtype))
     return outs
 
 
