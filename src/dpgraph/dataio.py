@@ -1,5 +1,14 @@
-"""Caffe2's ``dataio``: Reader, Writer and Pipe."""
+"""Caffe2's ``dataio``: Reader, Writer, Pipe and the limited readers."""
 
-from dpgraph.jobs.dataio import Pipe, Reader, Writer
+from dpgraph.jobs.dataio import (
+    CounterReader,
+    CountUntil,
+    Pipe,
+    Reader,
+    ReaderWithLimit,
+    ReaderWithLimitBase,
+    Writer,
+)
 
-__all__ = ["Pipe", "Reader", "Writer"]
+__all__ = ["CountUntil", "CounterReader", "Pipe", "Reader", "ReaderWithLimit",
+           "ReaderWithLimitBase", "Writer"]

@@ -12,6 +12,7 @@ from dpgraph.dataset import Dataset
 from dpgraph.errors import NotSupportedError
 from dpgraph.pipeline import pipe
 from dpgraph.schema import FeedRecord, FetchRecord, InitEmptyRecord, List, NewRecord, Struct
+from dpgraph.schema import Scalar as schema_scalar
 from dpgraph.session import LocalSession
 from dpgraph.task import TaskGroup
 
@@ -108,3 +109,53 @@ def test_writer_appends_and_checks_consistency() -> None:
     workspace.FeedBlob("dp_values", np.arange(3))
     with pytest.raises(RuntimeError, match="sums to 4"):
         workspace.RunNetOnce(bad)
+
+
+@pytest.mark.parametrize("num_iter,expected,finished",
+                         [(None, 100, True), (0, 0, False), (10, 10, False), (200, 100, True)])
+def test_reader_with_limit(num_iter, expected, finished) -> None:
+    from dpgraph.dataio import ReaderWithLimit
+    from dpgraph.task import WorkspaceType
+
+    ws = workspace.C.Workspace()
+    session = LocalSession(ws)
+    src_init = core.Net("dp_lim_src_init")
+    with core.NameScope("dp_lim_src"):
+        values = Struct(("label", np.arange(100)))
+        src_blobs = NewRecord(src_init, values)
+        src_ds = Dataset(src_blobs)
+        FeedRecord(src_blobs, values, ws)
+    ws.run(src_init)
+    dst_init = core.Net("dp_lim_dst_init")
+    with core.NameScope("dp_lim_dst"):
+        dst_ds = Dataset(src_ds.content().clone_schema())
+        dst_ds.init_empty(dst_init)
+    ws.run(dst_init)
+    with TaskGroup(workspace_type=WorkspaceType.GLOBAL) as tg:
+        reader = ReaderWithLimit(src_ds.reader(), num_iter=num_iter)
+        pipe(reader, dst_ds.writer(), num_runtime_threads=1)
+    session.run(tg)
+    labels = ws.blobs[str(dst_ds.content().label())].fetch()
+    assert len(labels) == expected
+    assert bool(ws.blobs[str(reader.data_finished())].fetch()) is finished
+
+
+def test_count_until() -> None:
+    from dpgraph.dataio import CountUntil
+    from dpgraph.task import WorkspaceType
+
+    ws = workspace.C.Workspace()
+    dst_init = core.Net("dp_cu_init")
+    with core.NameScope("dp_cu"):
+        dst_ds = Dataset(Struct(("iter", np.int64)))
+        dst_ds.init_empty(dst_init)
+    ws.run(dst_init)
+    def as_rows(rec):
+        net = core.Net("dp_cu_rows")
+        row = net.ExpandDims([rec.iter()], ["dp_cu_row"], dims=[0])
+        return [net], Struct(("iter", schema_scalar(np.int64, row)))
+
+    with TaskGroup(workspace_type=WorkspaceType.GLOBAL) as tg:
+        pipe(CountUntil(5), dst_ds.writer(), processor=as_rows)
+    LocalSession(ws).run(tg)
+    assert ws.blobs[str(dst_ds.content().iter())].fetch().tolist() == [0, 1, 2, 3, 4]

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from dpgraph.errors import NetError
 from dpgraph.ir.net import Net
-from dpgraph.jobs.schema import Field, from_blob_list
+from dpgraph.jobs.schema import Field, Struct, from_blob_list
+from dpgraph.proto import caffe2_pb2
 
 
 class Reader:
@@ -130,4 +133,92 @@ class Pipe:
             reader_init_net.add_attribute(self._obj_key, self)
 
 
-__all__ = ["Pipe", "Reader", "Writer"]
+class CounterReader(Reader):
+    """Reads increasing integers (``iter``) and never stops by itself."""
+
+    def __init__(self) -> None:
+        Reader.__init__(self, schema=Struct(("iter", np.int64)))
+        self.counter: Any = None
+        self.should_stop: Any = None
+
+    def setup_ex(self, global_init_net: Any, global_finish_net: Any) -> None:
+        if self.counter is None:
+            self.counter = global_init_net.CreateCounter([], init_count=0)
+            self.should_stop = global_init_net.ConstantFill(
+                [], shape=[], dtype=caffe2_pb2.TensorProto.BOOL, value=False)
+
+    def read_ex(self, local_init_net: Any, local_finish_net: Any) -> tuple[Any, ...]:
+        count_net = Net("limited_reader_counter")
+        value = count_net.CountUp([self.counter], 1)
+        return [count_net], self.should_stop, [value]
+
+
+class ReaderWithLimitBase(Reader):
+    """A reader that also stops on a condition of its own (``check_limiter_condition``);
+    ``data_finished()`` tells whether the wrapped reader was exhausted."""
+
+    def __init__(self, reader: Reader) -> None:
+        Reader.__init__(self, schema=reader._schema)
+        self.reader = reader
+        self.net = Net("reader_with_limit")
+        self._data_finished = self.net.AddExternalInput(self.net.NextName("data_finished"))
+        self.should_stop: Any = None
+
+    def setup_ex(self, global_init_net: Any, global_finish_net: Any) -> None:
+        global_init_net.ConstantFill([], [self._data_finished], shape=[], value=False,
+                                     dtype=caffe2_pb2.TensorProto.BOOL)
+        self.reader.setup_ex(global_init_net, global_finish_net)
+        self.setup_limiter(global_init_net, global_finish_net)
+
+    def read_ex(self, local_init_net: Any, local_finish_net: Any) -> tuple[Any, ...]:
+        """The limit check, then the wrapped reader's nets, then a net copying its stop
+        flag into the limit's stop blob (checked after every net)."""
+        stop_condition_net = Net("limited_reader_condition")
+        should_stop = self.check_limiter_condition(stop_condition_net)
+        nets, local_data_finished, fields = self.reader.read_ex(local_init_net,
+                                                                local_finish_net)
+        self._set_schema(self.reader._schema)
+        check_done_net = Net("limited_reader_post")
+        check_done_net.Copy(local_data_finished, should_stop)
+        check_done_net.Or([self._data_finished, local_data_finished], [self._data_finished])
+        return [stop_condition_net] + list(nets) + [check_done_net], should_stop, fields
+
+    def setup_limiter(self, global_init_net: Any, global_finish_net: Any) -> None:
+        raise NetError(f"{type(self).__name__} must implement `setup_limiter`")
+
+    def check_limiter_condition(self, stop_condition_net: Any) -> Any:
+        raise NetError(f"{type(self).__name__} must implement `check_limiter_condition`")
+
+    def data_finished(self) -> Any:
+        """A bool blob: True once the wrapped reader ran out of data."""
+        return self._data_finished
+
+
+class ReaderWithLimit(ReaderWithLimitBase):
+    """Stops after ``num_iter`` batches (no limit when ``num_iter`` is None)."""
+
+    def __init__(self, reader: Reader, num_iter: int | None = 1) -> None:
+        super().__init__(reader)
+        self.counter: Any = None
+        self.num_iter = num_iter
+        if self.num_iter is not None:
+            self.counter = self.net.AddExternalInput(self.net.NextName("counter"))
+
+    def setup_limiter(self, global_init_net: Any, global_finish_net: Any) -> None:
+        if self.counter:
+            global_init_net.CreateCounter([], [self.counter], init_count=int(self.num_iter or 0))
+
+    def check_limiter_condition(self, stop_condition_net: Any) -> Any:
+        if self.counter:
+            return stop_condition_net.CountDown([self.counter], 1)
+        return stop_condition_net.ConstantFill([], 1, shape=[], value=False,
+                                               dtype=caffe2_pb2.TensorProto.BOOL)
+
+
+def CountUntil(num_iter: int) -> ReaderWithLimit:
+    """A reader of 0, 1, ... that stops after ``num_iter`` reads."""
+    return ReaderWithLimit(CounterReader(), num_iter)
+
+
+__all__ = ["CountUntil", "CounterReader", "Pipe", "Reader", "ReaderWithLimit",
+           "ReaderWithLimitBase", "Writer"]
