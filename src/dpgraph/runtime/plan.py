@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import functools
+import itertools
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -25,6 +26,8 @@ import numpy as np
 from dpgraph.errors import WorkspaceError
 from dpgraph.ops.control import shared_child_workspace
 from dpgraph.proto import caffe2_pb2
+
+_child_ids = itertools.count()
 
 
 def as_plan(plan: Any) -> caffe2_pb2.PlanDef:
@@ -115,6 +118,7 @@ class _StepRunner:
     def _run_instance(self, workspace: Any, parent_continue: Callable[[], bool]) -> None:
         if self.step.create_workspace:
             child = shared_child_workspace(workspace)
+            child.name = f"{workspace.name}/{self.step.name}:{next(_child_ids)}"
             child._plan_root = getattr(workspace, "_plan_root", None) or workspace
             workspace = child
         reporter = _Reporter(self.step, workspace, self.net_defs)
