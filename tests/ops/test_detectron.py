@@ -338,9 +338,23 @@ def test_ops_and_gradients_run_on_virtual_gpus() -> None:
     ]
     cpu = core.DeviceOption(caffe2_pb2.CPU)
     gpu = core.DeviceOption(caffe2_pb2.CUDA, 1)
+    y_hat, y, locs, norm = select_inputs()
+    cases.append((make_op("SelectSmoothL1Loss", ["Yh", "Yt", "Lc", "S"], ["loss"], beta=0.5),
+                  {"Yh": y_hat, "Yt": y, "Lc": locs, "S": norm}))
     for op, feeds in cases:
         on_cpu = _run_on(cpu, op, feeds)
         on_gpu = _run_on(gpu, op, feeds)
         for a, b in zip(on_cpu, on_gpu):
             np.testing.assert_array_equal(a, b)
+        if op.type.endswith("Gradient"):
+            continue
+        # the gradient ops too, fed the forward outputs and a random output gradient
+        grads, _ = build_gradient(op, [op.output[0] + "_grad"])
+        outs = dict(zip(op.output, on_cpu))
+        g_feeds = {**feeds, **outs, op.output[0] + "_grad":
+                   RNG.standard_normal(np.shape(outs[op.output[0]])).astype(F32)}
+        for g in grads:
+            needed = {k: v for k, v in g_feeds.items() if k in g.input}
+            for a, b in zip(_run_on(cpu, g, needed), _run_on(gpu, g, needed)):
+                np.testing.assert_array_equal(a, b)
     workspace.ResetWorkspace()
