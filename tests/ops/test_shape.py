@@ -239,3 +239,21 @@ def test_depth_concat_split_aliases() -> None:
     assert build_gradient(op, ["C_grad", None])[0][0].type == "Split"
     p, q = run_op(CreateOperator("DepthSplit", ["C", "info"], ["P", "Q"]), [c, info])
     np.testing.assert_array_equal(q, b)
+
+
+@pytest.mark.parametrize("op_type,args,outputs", [
+    ("Reshape", {"shape": [3, 2]}, ["y", "old"]),
+    ("Flatten", {}, ["y"]),
+    ("FlattenToVec", {}, ["y"]),
+    ("ExpandDims", {"dims": [0]}, ["y"]),
+    ("Transpose", {"axes": [0, 1]}, ["y"]),
+    ("Split", {"axis": 0}, ["y", "z"]),
+])
+def test_outputs_never_share_the_input_memory_unless_in_place(op_type, args, outputs) -> None:
+    """Kernels update blobs in place where Caffe2's ops are in place, so a reshaped (split,
+    transposed) output is a copy, as in Caffe2, unless the op is itself in place."""
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    outs = run_op(CreateOperator(op_type, ["x"], outputs, **args), [x])
+    assert not any(np.shares_memory(out, x) for out in outs)
+    (same, *_) = run_op(CreateOperator(op_type, ["x"], ["x", *outputs[1:]], **args), [x])
+    assert np.shares_memory(same, x)  # in place: no copy needed

@@ -40,3 +40,18 @@ def test_rms_prop_then_momentum_in_place_keeps_moment_and_grad_apart() -> None:
     ws.run_operators_once([CreateOperator("MomentumSGDUpdate", ["go", "mom", "lr", "p"],
                                          ["go", "mom", "p"], momentum=0.0)])
     np.testing.assert_allclose(ws.fetch_blob("p"), p + 0.1 * step, rtol=1e-6)
+
+
+def test_an_in_place_update_does_not_reach_a_reshaped_copy() -> None:
+    """Reshape copies unless in place (as Caffe2 does), so an in-place update of X (SGD's
+    WeightedSum) leaves the reshaped Y alone."""
+    ws = Workspace("views")
+    x = np.arange(6, dtype=np.float32)
+    ws.feed_blob("x", x)
+    ws.feed_blob("one", np.ones(1, np.float32))
+    ws.run_operators_once([CreateOperator("Reshape", ["x"], ["y", "old_shape"], shape=[2, 3])])
+    ws.run_operators_once([CreateOperator("WeightedSum", ["x", "one", "x", "one"], ["x"])])
+    np.testing.assert_array_equal(ws.fetch_blob("y"), x.reshape(2, 3))
+    np.testing.assert_array_equal(ws.fetch_blob("x"), 2 * x)
+    ws.run_operators_once([CreateOperator("Reshape", ["x"], ["x", "old_shape"], shape=[3, 2])])
+    assert ws.fetch_blob("x").shape == (3, 2)  # in place: a view of its own array is fine

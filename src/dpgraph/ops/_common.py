@@ -60,6 +60,20 @@ def out_buffer(ctx: Any, input_index: int, output_index: int) -> np.ndarray:
     return target if target is not None else np.empty_like(ctx.inputs[input_index])
 
 
+def detached(ctx: Any, value: Any, input_index: int = 0, output_index: int = 0) -> Any:
+    """``value``, an output computed from input ``input_index`` (a reshape, split or
+    transpose), copied when it shares that input's memory and the op is not in place: as
+    Caffe2 copies there, and because kernels update blobs in place, one blob must not be a
+    view of another (ops whose outputs are views on purpose, such as Alias, skip this)."""
+    source = ctx.inputs[input_index]
+    if ctx.op.input[input_index] == ctx.op.output[output_index]:
+        return value
+    if type(value) is np.ndarray and type(source) is np.ndarray and \
+            np.may_share_memory(value, source):
+        return value.copy()
+    return value
+
+
 def same_float_arrays(*values: Any) -> bool:
     """Numpy float arrays of one dtype: then one ufunc with ``out=`` computes the values the
     allocating form computes (a single ufunc also handles overlapping operands)."""

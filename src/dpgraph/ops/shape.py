@@ -16,7 +16,7 @@ import numpy as np
 from dpgraph.errors import ArgumentError, GradientError
 from dpgraph.ir.arguments import MakeArgument, arguments_dict
 from dpgraph.ir.registry import register_gradient, register_op
-from dpgraph.ops._common import host, same_as_input
+from dpgraph.ops._common import detached, host, same_as_input
 from dpgraph.ops.context import OpContext, Outputs
 from dpgraph.ops.fill import DataType
 from dpgraph.ops.gradient_builder import GradientBuilder
@@ -43,7 +43,7 @@ def flatten(ctx: OpContext) -> Outputs:
     axis = ctx.int_arg("axis", 1)
     if not 0 <= axis <= x.ndim:
         raise ctx.fail(f"axis {axis} out of range for X {x.shape}")
-    return (x.reshape(int(np.prod(x.shape[:axis])), int(np.prod(x.shape[axis:]))),)
+    return (detached(ctx, x.reshape(int(np.prod(x.shape[:axis])), int(np.prod(x.shape[axis:])))),)
 
 
 def _flatten_to_vec_infer(op: Any, in_shapes: Sequence[Any], in_types: Sequence[Any]
@@ -56,7 +56,7 @@ def _flatten_to_vec_infer(op: Any, in_shapes: Sequence[Any], in_types: Sequence[
 @register_op("FlattenToVec", inputs=1, outputs=1, shape=_flatten_to_vec_infer)
 def flatten_to_vec(ctx: OpContext) -> Outputs:
     """Reshape to 1-D."""
-    return (ctx.xp.asarray(ctx.inputs[0]).reshape(-1),)
+    return (detached(ctx, ctx.xp.asarray(ctx.inputs[0]).reshape(-1)),)
 
 
 def _resize_like_gradient(g: GradientBuilder) -> None:
@@ -119,7 +119,7 @@ def reshape(ctx: OpContext) -> Outputs:
     else:
         raise ArgumentError(ctx.describe("needs a shape argument or a 2nd input"))
     shape = resolve_shape(ctx, x.shape, new)
-    return (x.reshape(shape), np.asarray(x.shape, dtype=np.int64))
+    return (detached(ctx, x.reshape(shape)), np.asarray(x.shape, dtype=np.int64))
 
 
 @register_gradient("Reshape", copy_arguments=False)
@@ -149,7 +149,7 @@ def _transpose_infer(op: Any, in_shapes: Sequence[Any], in_types: Sequence[Any])
 def transpose(ctx: OpContext) -> Outputs:
     """Permute dims by ``axes`` (default: reverse them)."""
     x = ctx.xp.asarray(ctx.inputs[0])
-    return (ctx.xp.ascontiguousarray(ctx.xp.transpose(x, _axes(ctx, x.ndim))),)
+    return (detached(ctx, ctx.xp.ascontiguousarray(ctx.xp.transpose(x, _axes(ctx, x.ndim)))),)
 
 
 @register_gradient("Transpose", copy_arguments=False)
@@ -181,7 +181,7 @@ def nhwc2nchw(ctx: OpContext) -> Outputs:
     if x.ndim < 3:
         raise ctx.fail(f"input must have rank >= 3, got {x.shape}")
     perm = (0, x.ndim - 1) + tuple(range(1, x.ndim - 1))
-    return (ctx.xp.ascontiguousarray(ctx.xp.transpose(x, perm)),)
+    return (detached(ctx, ctx.xp.ascontiguousarray(ctx.xp.transpose(x, perm))),)
 
 
 @register_op("NCHW2NHWC", inputs=1, outputs=1, shape=_layout_infer((0, 2, 3, 1)))
@@ -191,7 +191,7 @@ def nchw2nhwc(ctx: OpContext) -> Outputs:
     if x.ndim < 3:
         raise ctx.fail(f"input must have rank >= 3, got {x.shape}")
     perm = (0,) + tuple(range(2, x.ndim)) + (1,)
-    return (ctx.xp.ascontiguousarray(ctx.xp.transpose(x, perm)),)
+    return (detached(ctx, ctx.xp.ascontiguousarray(ctx.xp.transpose(x, perm))),)
 
 
 @register_gradient("NHWC2NCHW")
@@ -294,7 +294,8 @@ def split(ctx: OpContext) -> Outputs:
     parts = xp.split(x, bounds, axis=axis)
     if add_axis:
         parts = [xp.squeeze(p, axis=axis) for p in parts]
-    return tuple(xp.ascontiguousarray(p) for p in parts)
+    return tuple(detached(ctx, xp.ascontiguousarray(p), 0, index)
+                 for index, p in enumerate(parts))
 
 
 def _concat_of_output_grads(g: GradientBuilder) -> None:
@@ -334,7 +335,8 @@ def split_by_lengths(ctx: OpContext) -> Outputs:
         raise ctx.fail(f"lengths sum to {sum(sizes)} but data has {data.shape[axis]} "
                        f"entries on axis {axis}")
     parts = xp.split(data, np.cumsum(sizes)[:-1].tolist(), axis=axis)
-    return tuple(xp.ascontiguousarray(p) for p in parts)
+    return tuple(detached(ctx, xp.ascontiguousarray(p), 0, index)
+                 for index, p in enumerate(parts))
 
 
 register_gradient("SplitByLengths")(_concat_of_output_grads)
@@ -391,7 +393,7 @@ def expand_dims(ctx: OpContext) -> Outputs:
         if not 0 <= dim <= len(shape):
             raise ctx.fail(f"dim {dim} out of range for shape {shape}")
         shape.insert(dim, 1)
-    return (x.reshape(shape),)
+    return (detached(ctx, x.reshape(shape)),)
 
 
 @register_op("Squeeze", inputs=1, outputs=1, inplace=[(0, 0)])
@@ -401,7 +403,7 @@ def squeeze(ctx: OpContext) -> Outputs:
     dims = sorted(set(ctx.ints_arg("dims")))
     if any(not 0 <= d < x.ndim or x.shape[d] != 1 for d in dims):
         raise ctx.fail(f"cannot squeeze dims {dims} of shape {x.shape}: each must be size 1")
-    return (x.reshape([s for i, s in enumerate(x.shape) if i not in dims]),)
+    return (detached(ctx, x.reshape([s for i, s in enumerate(x.shape) if i not in dims])),)
 
 
 @register_gradient("ExpandDims")
