@@ -45,8 +45,9 @@ LAYERS: dict[str, str] = {
     # passes: Parallelize and friends, memory passes, export (predictor, ONNX, DOT)
     "parallel": "passes", "memory": "passes", "export": "passes",
     # facade packages (top-level modules need no entry): Caffe2-named, they re-export
-    "compat": "facade", "predictor": "facade", "models": "facade", "rnn": "facade",
-    "serialized_test": "facade",
+    "compat": "facade", "serialized_test": "facade", "predictor": "facade", "models": "facade",
+    "rnn": "facade",
+    "serialized_test": "facade", "operator_test": "facade",
 }
 
 #: ``(importing module, imported module) -> why``: deliberate upward edges.  Keep in step
