@@ -20,7 +20,7 @@ def test_execution_step_defaults_and_plan_nets() -> None:
     assert outer.Proto().concurrent_substeps and len(outer.Proto().substep) == 2
     plan = core.Plan("p")
     plan.AddStep(outer)
-    assert [n.name for n in plan.Nets()] == [init.Name(), body.Name()]
+    assert [n.Name() for n in plan.Nets()] == [init.Name(), body.Name()]
     with core.NameScope("scope"):
         assert core.scoped_execution_step("x", body).Proto().name == "scope/x"
 
