@@ -45,8 +45,7 @@ LAYERS: dict[str, str] = {
     # passes: Parallelize and friends, memory passes, export (predictor, ONNX, DOT)
     "parallel": "passes", "memory": "passes", "export": "passes",
     # facade packages (top-level modules need no entry): Caffe2-named, they re-export
-    "compat": "facade", "serialized_test": "facade", "predictor": "facade", "models": "facade",
-    "rnn": "facade",
+    "compat": "facade", "predictor": "facade", "models": "facade", "rnn": "facade",
     "serialized_test": "facade", "operator_test": "facade",
 }
 
