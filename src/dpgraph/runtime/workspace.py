@@ -17,6 +17,8 @@ from typing import Any
 import numpy as np
 
 from dpgraph.collectives.services import SERVICES, CollectiveServices
+from dpgraph.db.services import SERVICES as STORAGE_SERVICES
+from dpgraph.db.services import StorageServices
 from dpgraph.errors import BlobNotFoundError, WorkspaceError, did_you_mean
 from dpgraph.ir import scope
 from dpgraph.ir.device import device_key, device_name
@@ -105,6 +107,8 @@ class Workspace:
 
     #: stores and collective backends for the distributed ops' kernels (``ctx.workspace``)
     collectives: CollectiveServices = SERVICES
+    #: DB readers, DBs and the image pipeline for the DB, persistence and ImageInput kernels
+    storage: StorageServices = STORAGE_SERVICES
 
     def __init__(self, name: str = "default", root_folder: str = ".",
                  seed: int | None = None) -> None:
