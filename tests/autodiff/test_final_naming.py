@@ -154,3 +154,21 @@ def test_incorrect_operator_mentions_schema():
     ops = [_op("Mul", ["x1", "x2"], ["x3", "x4"]), _op("Relu", "x3", "x5")]
     with pytest.raises(Exception, match="schema"):
         core.GradientRegistry.GetBackwardPass(ops, {"x5": "x5_grad"})
+
+
+def test_schema_gradient_ops_set_the_empty_name_like_caffe2s_makers():
+    """C++ makers build every op with ``CreateOperatorDef(type, "", ...)``: ``name`` is
+    present (empty), so the ops equal ``CreateOperator`` protos (core_gradients_test)."""
+    forward = [_op("FC", ["in", "w", "b"], "fc"), _op("Print", "fc", []),
+               _op("AveragedLoss", "fc", "loss")]
+    grads, _ = core.GradientRegistry.GetBackwardPass(forward, {"loss": "loss_grad"})
+    assert all(g.HasField("name") and g.name == "" for g in grads)
+    expected = [_op("AveragedLossGradient", ["fc", "loss_grad"], "fc_grad"),
+                _op("FCGradient", ["in", "w", "fc_grad"], ["w_grad", "b_grad", "in_grad"])]
+    for op in expected:
+        op.is_gradient_op = True
+    for op in grads:
+        op.debug_info = ""
+    for op in expected:
+        op.debug_info = ""
+    assert list(grads) == expected

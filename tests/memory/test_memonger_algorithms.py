@@ -169,3 +169,28 @@ def test_verify_inplace_blobs() -> None:
 @pytest.mark.parametrize("algo", list(memonger.AssignmentAlgorithm))
 def test_assignment_algorithm_enum(algo: memonger.AssignmentAlgorithm) -> None:
     assert algo.name in ("GREEDY", "DYNAMIC_PROGRAMMING")
+
+
+def test_verify_graph_equality_ignores_external_blob_names() -> None:
+    """Caffe2's parents are the ops that last wrote an input: external inputs (data,
+    weights) add nothing, so nets differing only in parameter names are equal."""
+    a, b = core.Net("a"), core.Net("b")
+    a.FC(["data", "x_w", "x_b"], "x")
+    a.FC(["x", "y_w", "y_b"], "y")
+    b.FC(["data", "other_x_w", "other_x_b"], "other_x")
+    b.FC(["other_x", "other_y_w", "other_y_b"], "other_y")
+    assert memonger.verify_graph_equality(a.Proto(), b.Proto())
+    b.Proto().op[1].engine = "CUDNN"  # per-op check: type, device option and engine
+    assert not memonger.verify_graph_equality(a.Proto(), b.Proto())
+
+
+def test_verify_graph_inequality_prints_the_differing_op(capsys) -> None:
+    a, b = core.Net("a"), core.Net("b")
+    a.Relu("x", "y1")
+    a.Relu("x", "y2")
+    a.Sum(["y1", "y2"], "z")
+    b.Relu("x", "y1")
+    b.Relu("x", "y1")
+    b.Sum(["y1", "y1"], "z")
+    assert not memonger.verify_graph_equality(a.Proto(), b.Proto())
+    assert "Parents: [0, 1] vs [1, 1]" in capsys.readouterr().out

@@ -73,3 +73,33 @@ def test_freeze_and_load_enforce_in_place():
         schema = OPERATORS.get(op_type)
         assert schema.extra["enforce_inplace"] == ((0, 0),)
         assert schema.side_effects
+
+
+@pytest.mark.parametrize("create,keys,dtype", [
+    ("IntIndexCreate", [7, 3, 9], np.int32),
+    ("LongIndexCreate", [70, 30, 90], np.int64),
+    ("StringIndexCreate", [b"a", b"b", b"c"], object)])
+@pytest.mark.parametrize("frozen", [False, True])
+def test_save_load_round_trip_keeps_ids_limit_and_frozen(tmp_path, create, keys, dtype,
+                                                          frozen):
+    _run(create, [], ["idx"], max_elements=5)
+    workspace.FeedBlob("keys", np.array(keys, dtype=dtype))
+    _run("IndexLoad", ["idx", "keys"], ["idx"])
+    if frozen:
+        _run("IndexFreeze", ["idx"], ["idx"])
+    path = str(tmp_path / "index.minidb")
+    _run("Save", ["idx"], [], absolute_path=1, db_type="minidb", db=path)
+    workspace.FeedBlob("idx", np.array([]))
+    _run("Load", [], ["idx"], absolute_path=1, db_type="minidb", db=path)
+    query = {np.int32: [9, 7, 1], np.int64: [90, 70, 10], object: [b"c", b"a", b"q"]}[dtype]
+    workspace.FeedBlob("query", np.array(query, dtype=dtype))
+    _run("IndexGet", ["idx", "query"], ["ids"])
+    # a frozen index maps the unseen key to 0; a growing one hands out id 4
+    np.testing.assert_array_equal(workspace.FetchBlob("ids"), [3, 1, 0 if frozen else 4])
+    _run("IndexStore", ["idx"], ["stored"])
+    assert workspace.FetchBlob("stored").dtype == np.dtype(dtype)
+    if not frozen:  # max_elements=5 survived: ids 1..4 are used, a fifth key is refused
+        workspace.FeedBlob("extra", np.array({np.int32: [11], np.int64: [11],
+                                              object: [b"r"]}[dtype], dtype=dtype))
+        with pytest.raises(OperatorError, match="max_elements"):
+            _run("IndexGet", ["idx", "extra"], ["ids2"])

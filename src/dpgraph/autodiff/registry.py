@@ -109,6 +109,8 @@ class GradientRegistry:
             problem = schema.check_arity(len(op.input), len(op.output))
             if problem is None:
                 grad_ops, g_input = build_gradient(op, g_output)
+                for grad_op in grad_ops:  # C++ makers always set the (empty) name
+                    grad_op.name = grad_op.name
                 return grad_ops, [normalize_gradient(g) for g in g_input]
         maker = self.gradient_registry_.get(op.type)
         if maker is not None:

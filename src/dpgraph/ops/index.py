@@ -10,7 +10,8 @@ growth, ``IndexLoad`` / ``IndexStore`` read and write the keys in id order and
     IndexFreeze(idx, idx); IndexGet([idx, [5]]) -> [0]
 
 IndexFreeze and IndexLoad must run in place (``schema.extra["enforce_inplace"]``), as in
-Caffe2, whose memonger refuses nets that break it.
+Caffe2, whose memonger refuses nets that break it. Save/Load keep an index (BlobProto type
+``std::unique_ptr<caffe2::IndexBase>``): its keys in id order, ``max_elements`` and frozen.
 """
 
 from __future__ import annotations
@@ -20,9 +21,16 @@ from typing import Any
 
 import numpy as np
 
+from dpgraph.ir.blob_serde import (
+    TypeSerializer,
+    numpy_to_tensor_proto,
+    register_type,
+    tensor_proto_to_numpy,
+)
 from dpgraph.ir.registry import OPERATORS, register_op
 from dpgraph.ops._common import host
 from dpgraph.ops.context import OpContext, Outputs
+from dpgraph.proto import caffe2_pb2
 
 ENFORCE_INPLACE = "enforce_inplace"
 _INT32_MAX = 2 ** 31 - 1
@@ -154,3 +162,30 @@ def index_size(ctx: OpContext) -> Outputs:
 
 for _type in ("IndexFreeze", "IndexLoad"):
     OPERATORS.lookup(_type).extra[ENFORCE_INPLACE] = ((0, 0),)
+
+
+INDEX_TYPE = "std::unique_ptr<caffe2::IndexBase>"
+
+
+def _serialize_index(name: str, index: Index) -> bytes:
+    """``TensorProtos``: the keys in id order, then INT64 ``[max_elements, frozen]``."""
+    keys = numpy_to_tensor_proto(index.store(), name)
+    meta = numpy_to_tensor_proto(
+        np.array([index.max_elements, int(index.frozen)], dtype=np.int64), name)
+    return caffe2_pb2.TensorProtos(protos=[keys, meta]).SerializeToString()
+
+
+def _deserialize_index(content: bytes) -> Index:
+    keys_proto, meta_proto = caffe2_pb2.TensorProtos.FromString(content).protos
+    keys = tensor_proto_to_numpy(keys_proto, f"index {keys_proto.name!r}")
+    max_elements, frozen = (int(v) for v in tensor_proto_to_numpy(meta_proto))
+    index = Index(keys.dtype if keys.dtype != object else object, max_elements)
+    for key in keys.reshape(-1):
+        index.ids[index.key(key)] = index.next_id
+        index.next_id += 1
+    index.frozen = bool(frozen)
+    return index
+
+
+register_type(TypeSerializer(INDEX_TYPE, lambda v: isinstance(v, Index), _serialize_index,
+                             _deserialize_index))

@@ -1,5 +1,6 @@
-"""The final Caffe2 optimizer operators: Storm (dense and sparse), GFtrl (group-lasso FTRL)
-and DecayAdagrad.  (Wngrad and Adadelta with their sparse forms live in ``ops/optim.py``.)
+"""The final Caffe2 optimizer operators: Storm (dense and sparse), GFtrl (group-lasso FTRL),
+DecayAdagrad and SmartDecaySparseAdam.  (Wngrad and Adadelta with their sparse forms live in
+``ops/optim.py``.)
 
 Like the other optimizer ops they keep Caffe2's input/output order and argument names, are
 in place in Caffe2 (outputs alias inputs) and have no gradient.  ``lr`` is the (negative for
@@ -153,3 +154,52 @@ def row_wise_counter(ctx: OpContext) -> Outputs:
         new_prev[row] = current
         new_counter[row] = 1.0 + np.exp(-delta * neg_log_rho) * new_counter[row]
     return new_prev, new_counter
+
+
+# --- SmartDecaySparseAdam --------------------------------------------------------------------
+def _catch_up_sum(beta1: float, k: Any) -> Any:
+    """Σ_{i=1..k} β1^i per row (the decayed first moments applied while a row was unseen)."""
+    k = np.asarray(k, dtype=np.float64)
+    if beta1 == 1.0:
+        return k
+    return beta1 * (1.0 - beta1 ** k) / (1.0 - beta1)
+
+
+@register_op("SmartDecaySparseAdam", inputs=8, outputs=4,
+             inplace=[(0, 0), (1, 1), (2, 2), (3, 3)], shape=like_inputs(0, 1, 2, 3))
+def smart_decay_sparse_adam(ctx: OpContext) -> Outputs:
+    """[param, moment_1, moment_2, last_seen (int64, rows), indices, grad, lr, iter] ->
+    [param, moment_1, moment_2, last_seen]: sparse Adam that catches up on the steps a row
+    missed.
+
+    For each indexed row (t = iter + 1, k = t - last_seen): v' = β2^k·v + (1-β2)·g²; the k
+    missed steps are replayed, m decaying by β1 each step and taking (1-β1)·g at the last,
+    each step adding lr·m/(√v' + ε) to the row (no bias correction); last_seen' = t.
+    A repeated index in the same call has k = 0: only v takes its g².
+    """
+    w, m, v, seen, indices, g, lr, iteration = ctx.inputs
+    _same_shape(ctx, 0, 1, 2)
+    if np.shape(seen) != np.shape(w)[:1]:
+        raise ctx.fail(f"last_seen must hold one entry per row of param {np.shape(w)}, got "
+                       f"{np.shape(seen)}")
+    beta1, beta2 = ctx.float_arg("beta1", 0.9), ctx.float_arg("beta2", 0.999)
+    eps = ctx.float_arg("epsilon", 1e-5)
+    idx = check_indices(ctx, indices, np.shape(w)[0])
+    rows = check_rows(ctx, w, idx, g)
+    t = int(scalar_value(iteration)) + 1
+    step_lr = scalar_value(lr)
+    new_w, new_m = writable(ctx, w, 0, 0), writable(ctx, m, 1, 1)
+    new_v, new_seen = writable(ctx, v, 2, 2), writable(ctx, seen, 3, 3)
+    block = (-1,) + (1,) * (np.ndim(w) - 1)
+    for layer in occurrence_layers(idx):
+        r, gr = idx[layer], rows[layer]
+        k = np.reshape(np.maximum(t - new_seen[r], 0), block)
+        new_v[r] = _as(beta2 ** k * new_v[r] + (1 - beta2) * gr * gr, v)
+        denom = np.sqrt(new_v[r]) + eps
+        replay = k >= 1
+        fresh = (1 - beta1) * gr
+        update = step_lr * (_catch_up_sum(beta1, k) * new_m[r] + fresh) / denom
+        new_w[r] = _as(np.where(replay, new_w[r] + update, new_w[r]), w)
+        new_m[r] = _as(np.where(replay, beta1 ** k * new_m[r] + fresh, new_m[r]), m)
+        new_seen[r] = t
+    return new_w, new_m, new_v, new_seen

@@ -30,14 +30,16 @@ def _static_rows(param_init_net: Any, param: Any) -> int | None:
     return None
 
 
-def _row_wise_state(param_init_net: Any, param: Any, name: str) -> Any:
-    """A [rows] zero blob named ``name``; rows from static shapes, else Shape/Slice."""
+def _row_wise_state(param_init_net: Any, param: Any, name: str, **fill: Any) -> Any:
+    """A [rows] zero blob named ``name`` (``fill``: e.g. ``dtype``, ``value``); rows from
+    static shapes, else Shape/Slice."""
+    fill.setdefault("value", 0.0)
     rows = _static_rows(param_init_net, param)
     if rows is not None:
-        return param_init_net.ConstantFill([], name, shape=[rows], value=0.0)
+        return param_init_net.ConstantFill([], name, shape=[rows], **fill)
     shape = param_init_net.Shape(param, str(param) + "_shape")
     num_rows = param_init_net.Slice([shape], str(shape) + "_numrows", starts=[0], ends=[1])
-    return param_init_net.ConstantFill(num_rows, name, input_as_shape=1, value=0.0)
+    return param_init_net.ConstantFill(num_rows, name, input_as_shape=1, **fill)
 
 
 def _inferred_shape(param_init_net: Any, param: Any) -> list[int] | None:
@@ -174,7 +176,8 @@ class AdamOptimizer(Optimizer):
                  epsilon: float = 1e-8, policy: str = "fixed", use_lr_adaption: bool = False,
                  lr_alpha: float = 0.01, normalized_lr_adaption: bool = True,
                  sparse_dedup_aggregator: Any = None, rowWise: bool = False, engine: str = "",
-                 enableRAdam: bool = False, **kwargs: Any) -> None:
+                 enableRAdam: bool = False, use_smart_decay: bool = False,
+                 **kwargs: Any) -> None:
         super().__init__()
         self.alpha = alpha
         self.beta1 = beta1
@@ -188,6 +191,11 @@ class AdamOptimizer(Optimizer):
         self.rowWise = rowWise
         self.engine = engine
         self.enableRAdam = enableRAdam
+        self.use_smart_decay = use_smart_decay
+        if use_smart_decay and (rowWise or enableRAdam or use_lr_adaption):
+            raise ModelConfigError(
+                "AdamOptimizer: use_smart_decay works with plain sparse Adam only; drop "
+                "rowWise, enableRAdam and use_lr_adaption")
         self.init_kwargs = kwargs
 
     def _run(self, net: Any, param_init_net: Any, param_info: ParameterInfo) -> None:
@@ -210,6 +218,9 @@ class AdamOptimizer(Optimizer):
         self._aux_params.shared.append(iteration)
         self._aux_params.local.append(m1)
         self._aux_params.local.append(m2)
+        last_seen = self._last_seen(param_init_net, param) if self.use_smart_decay else None
+        if last_seen is not None:
+            self._aux_params.local.append(last_seen)
         sparse = isinstance(grad, GradientSlice)
         if self.rowWise and not sparse:
             raise ModelConfigError(
@@ -227,6 +238,10 @@ class AdamOptimizer(Optimizer):
                                            "by RAdam!")
                 net.RowWiseSparseAdam([param, m1, m2, grad.indices, grad.values, lr,
                                        iteration], outputs, **settings)
+            elif last_seen is not None:
+                net.SmartDecaySparseAdam(
+                    [param, m1, m2, last_seen, grad.indices, grad.values, lr, iteration],
+                    [*outputs, last_seen], **settings)
             else:
                 net.SparseAdam([param, m1, m2, grad.indices, grad.values, lr, iteration],
                                outputs, enableRAdam=self.enableRAdam, **settings)
@@ -236,6 +251,13 @@ class AdamOptimizer(Optimizer):
             net.LearningRateAdaption(
                 [lr, grad.values if sparse else grad, outputs[3]], [lr],
                 lr_alpha=self.lr_alpha, normalized_lr_adaption=self.normalized_lr_adaption)
+
+    @staticmethod
+    def _last_seen(param_init_net: Any, param: Any) -> Any:
+        """``<param>_last_seen``: int64 zeros, one per row (the iteration each row was last
+        updated at, for SmartDecaySparseAdam); a local aux."""
+        return _row_wise_state(param_init_net, param, str(param) + "_last_seen", value=0,
+                               dtype=caffe2_pb2.TensorProto.INT64)
 
     def scale_learning_rate(self, scale: float) -> None:
         self.alpha *= scale
