@@ -61,17 +61,21 @@ def probe_world(world: Any, sizes: Sequence[int] = PROBE_BYTES, repeats: int = 5
 
 
 def probe_local(sizes: Sequence[int] = PROBE_BYTES, repeats: int = 5) -> AlphaBeta:
-    """Local two-device reduction: ``Sum`` into copy 0, ``Copy`` to copy 1 (numpy)."""
+    """Local two-device reduction as Parallelize emits it (``Sum`` into copy 0, ``Copy`` to
+    copy 1), run through a workspace so the executor's per-op cost is in ``alpha``."""
+    from dpgraph.proto import caffe2_pb2
+    from dpgraph.runtime.workspace import Workspace
+
+    workspace = Workspace("calibrate_local")
+    net = caffe2_pb2.NetDef(name="local_reduce")
+    net.op.add(type="Sum", input=["a", "b"], output=["a"])
+    net.op.add(type="Copy", input=["a"], output=["b"])
+    workspace.create_net(net)
     times = []
     for nbytes in sizes:
-        a = np.ones(max(nbytes // 4, 1), np.float32)
-        b, c = a.copy(), a.copy()
-
-        def step(a: np.ndarray = a, b: np.ndarray = b, c: np.ndarray = c) -> None:
-            np.add(a, b, out=a)
-            np.copyto(c, a)
-
-        times.append(_best_time(step, repeats))
+        workspace.set_blob("a", np.ones(max(nbytes // 4, 1), np.float32))
+        workspace.set_blob("b", np.ones(max(nbytes // 4, 1), np.float32))
+        times.append(_best_time(lambda: workspace.run_net("local_reduce"), repeats))
     return fit(list(sizes), times, 2, 2)
 
 
@@ -86,7 +90,7 @@ def _rank_main(rank: int, size: int, path: str, queue: Any) -> None:
     from dpgraph.collectives.rendezvous import file_store
 
     world = create_backend("gloo", store=file_store(path, "calibrate"), rank=rank, size=size,
-                           name="calibrate", timeout=60.0)
+                           world="calibrate", timeout=60.0)
     try:
         figures = probe_world(world)
     finally:

@@ -46,12 +46,13 @@ class AlphaBeta:
         return self.alpha * devices + 2 * (devices - 1) * nbytes * self.beta
 
 
-# Figures measured on the development machine (2 processes, loopback, torch Gloo; numpy
-# Sum/Copy for local devices); calibrate for real clusters.
+# `dpgraph plan --calibrate` on the development machine (2 processes on loopback, torch
+# Gloo; Sum/Copy nets for local devices); NCCL: typical NVLink figures.  Calibrate for the
+# machines you run on.
 DEFAULTS: dict[str, AlphaBeta] = {
-    "gloo": AlphaBeta(alpha=2.5e-4, beta=1.0e-9),
+    "gloo": AlphaBeta(alpha=6.0e-5, beta=7.0e-10),
     "nccl": AlphaBeta(alpha=1.5e-5, beta=1.0e-10),
-    "local": AlphaBeta(alpha=4.0e-5, beta=2.5e-10),
+    "local": AlphaBeta(alpha=2.0e-6, beta=4.0e-11),
 }
 
 
