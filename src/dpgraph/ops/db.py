@@ -7,16 +7,28 @@ and stacks each record's TensorProtos into its outputs, ``[batch_size] + dims`` 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from dpgraph.db import DBReader, db_exists
-from dpgraph.db.queue_db import BlobsQueueDB
-from dpgraph.errors import ArgumentError, ShapeError
+from dpgraph.errors import ArgumentError, DBError, ShapeError
 from dpgraph.ir.blob_serde import decode_tensor_protos, decode_tensor_protos_batch
 from dpgraph.ir.registry import register_gradient, register_op
 from dpgraph.ops.context import OpContext, Outputs
+
+if TYPE_CHECKING:
+    from dpgraph.db.reader import DBReader
+    from dpgraph.db.services import StorageServices
+
+
+def storage(ctx: OpContext) -> StorageServices:
+    """The DB and image services of the runtime workspace running the op."""
+    services = getattr(ctx.workspace, "storage", None)
+    if services is None:
+        raise DBError(ctx.describe(
+            "DB and input ops run in a dpgraph workspace (workspace.RunOperatorOnce, RunNet), "
+            "which provides the DB types and readers; this context has none."))
+    return services  # type: ignore[no-any-return]
 
 
 def resolve_path(ctx: OpContext, path: str) -> str:
@@ -41,7 +53,7 @@ def on_device(ctx: OpContext, array: np.ndarray) -> Any:
 
 def reader_input(ctx: OpContext, index: int = 0) -> DBReader:
     reader = ctx.inputs[index]
-    if not isinstance(reader, DBReader):
+    if not storage(ctx).is_reader(reader):
         raise ShapeError(ctx.describe(
             f"input {ctx.input_name(index)!r} is a {type(reader).__name__}, not a DB reader; "
             "create it with CreateDB (model.CreateDB / brew.db_input)."))
@@ -53,15 +65,17 @@ def create_db(ctx: OpContext) -> Outputs:
     """Open ``db`` (type ``db_type``, default leveldb) for reading; args num_shards,
     shard_id.  The path is used as given (no root folder)."""
     source = required_str(ctx, "db", "Must specify a db name.")
-    return (DBReader(ctx.str_arg("db_type", "leveldb"), source, ctx.int_arg("num_shards", 1),
-                     ctx.int_arg("shard_id", 0), name=ctx.output_name(0)),)
+    return (storage(ctx).reader(ctx.str_arg("db_type", "leveldb"), source,
+                                ctx.int_arg("num_shards", 1), ctx.int_arg("shard_id", 0),
+                                name=ctx.output_name(0)),)
 
 
 @register_op("DBExists", inputs=0, outputs=1, side_effects=True)
 def db_exists_op(ctx: OpContext) -> Outputs:
     """A bool scalar: does ``db_name`` (type ``db_type``) open for reading."""
     path = resolve_path(ctx, ctx.str_arg("db_name", ""))
-    return (np.array(db_exists(ctx.str_arg("db_type", ""), path), dtype=np.bool_),)
+    return (np.array(storage(ctx).db_exists(ctx.str_arg("db_type", ""), path),
+                     dtype=np.bool_),)
 
 
 @register_op("TensorProtosDBInput", inputs=1, outputs=(1, None), side_effects=True)
@@ -89,10 +103,10 @@ def tensor_protos_db_input(ctx: OpContext) -> Outputs:
 def create_blobs_queue_db(ctx: OpContext) -> Outputs:
     """A DB reader whose cursor pops records from a blobs queue; args key_blob_index (-1),
     value_blob_index (0), timeout_secs (0: wait forever)."""
-    db = BlobsQueueDB(ctx.inputs[0], ctx.int_arg("key_blob_index", -1),
-                      ctx.int_arg("value_blob_index", 0), ctx.float_arg("timeout_secs", 0.0),
-                      name=ctx.input_name(0))
-    return (DBReader.from_db(db, "blobs_queue_db", ctx.output_name(0)),)
+    return (storage(ctx).queue_reader(ctx.inputs[0], ctx.int_arg("key_blob_index", -1),
+                                      ctx.int_arg("value_blob_index", 0),
+                                      ctx.float_arg("timeout_secs", 0.0), ctx.input_name(0),
+                                      ctx.output_name(0)),)
 
 
 def _no_gradient(g: Any) -> None:

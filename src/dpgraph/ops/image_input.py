@@ -9,23 +9,28 @@ crops and mirrors follow that seed; otherwise they follow the op's own random st
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from dpgraph.data import records as rec
-from dpgraph.data.image import ImageParams, augment, normalize
-from dpgraph.data.prefetch import Prefetcher, batch_buffer, decode_pool
-from dpgraph.db import DBReader
 from dpgraph.errors import ArgumentError, DataInputError
 from dpgraph.ir.registry import register_gradient, register_op
 from dpgraph.ops.context import OpContext, Outputs
-from dpgraph.ops.db import on_device, reader_input
+from dpgraph.ops.db import on_device, reader_input, storage
 from dpgraph.proto import caffe2_pb2
 
+if TYPE_CHECKING:
+    from dpgraph.data.prefetch import Prefetcher
+    from dpgraph.data.records import ImageRecord
+    from dpgraph.db.reader import DBReader
+    from dpgraph.db.services import StorageServices
+
 DT = caffe2_pb2.TensorProto
+SINGLE_LABEL, MULTI_LABEL_SPARSE, MULTI_LABEL_DENSE = 0, 1, 2
+MULTI_LABEL_WEIGHTED_SPARSE, SINGLE_LABEL_WEIGHTED, EMBEDDING_LABEL = 3, 4, 5
 _OWN_READERS: dict[bytes, DBReader] = {}
 _STATE_LOCK = threading.Lock()
 
@@ -41,7 +46,8 @@ class _Config:
     max_error_ratio: float
     gpu_transform: bool
     output_float16: bool
-    params: ImageParams
+    params: Any  # dpgraph.data.image.ImageParams
+    services: StorageServices
 
 
 def _per_channel(ctx: OpContext, name: str, scalar: str, default: float) -> tuple[float, ...]:
@@ -87,7 +93,7 @@ def _config(ctx: OpContext) -> _Config:
     label_type, num_labels = ctx.int_arg("label_type", 0), ctx.int_arg("num_labels", 0)
     if label_type not in range(6):
         raise ArgumentError(ctx.describe(f"unknown label_type {label_type} (0-5)."))
-    if label_type not in (rec.SINGLE_LABEL, rec.SINGLE_LABEL_WEIGHTED) and num_labels <= 0:
+    if label_type not in (SINGLE_LABEL, SINGLE_LABEL_WEIGHTED) and num_labels <= 0:
         raise ArgumentError(ctx.describe(f"label_type {label_type} needs num_labels > 0."))
     caffe_datum = bool(ctx.int_arg("use_caffe_datum", 0))
     if caffe_datum and (label_type not in (0, 4) or ctx.num_outputs != 2):
@@ -109,7 +115,8 @@ def _config(ctx: OpContext) -> _Config:
                                          "same length."))
     box = tuple(ctx.int_arg(f"bounding_{k}", -1) for k in ("ymin", "xmin", "height", "width"))
     gpu_transform = bool(ctx.int_arg("use_gpu_transform", 0)) and ctx.device.device_type != 0
-    params = ImageParams(
+    services = storage(ctx)
+    params = services.image_params(
         crop=crop, scale=scale, minsize=minsize, warp=bool(ctx.int_arg("warp", 0)),
         channels=3 if ctx.int_arg("color", 1) else 1, is_test=bool(ctx.int_arg("is_test", 0)),
         mirror=bool(ctx.int_arg("mirror", 0)),
@@ -121,40 +128,43 @@ def _config(ctx: OpContext) -> _Config:
         contrast=ctx.float_arg("img_contrast", 0.4),
         color_lighting=bool(ctx.int_arg("color_lighting", 0)),
         lighting_std=ctx.float_arg("color_lighting_std", 0.1), mean=mean, std=std,
-        bbox=box if min(box) >= 0 else None, gpu_transform=gpu_transform)  # type: ignore
+        bbox=(box[0], box[1], box[2], box[3]) if min(box) >= 0 else None,
+        gpu_transform=gpu_transform)
     return _Config(batch_size, label_type, num_labels, caffe_datum, tuple(sizes),
                    ctx.int_arg("decode_threads", 4),
                    ctx.float_arg("max_decode_error_ratio", 1.0), gpu_transform,
-                   _output_float16(ctx), params)
+                   _output_float16(ctx), params, services)
 
 
 # --- one batch ---------------------------------------------------------------------------
-def _parse(value: bytes, cfg: _Config, where: str) -> rec.ImageRecord:
+def _parse(value: bytes, cfg: _Config, where: str) -> ImageRecord:
     if cfg.caffe_datum:
-        return rec.parse_caffe_datum(value, where)
-    return rec.parse_tensor_protos(value, cfg.label_type, len(cfg.output_sizes), where)
+        return cfg.services.parse_caffe_datum(value, where)
+    return cfg.services.parse_tensor_protos(value, cfg.label_type, len(cfg.output_sizes),
+                                            where)
 
 
 def _one_image(value: bytes, cfg: _Config, seed: int, row: int, where: str,
-               out: np.ndarray) -> tuple[rec.ImageRecord, bool]:
+               out: np.ndarray) -> tuple[ImageRecord, bool]:
     """Parse, augment and normalise one image into its batch row ``out``."""
     record = _parse(value, cfg, where)
     params = cfg.params
     if record.bbox is not None:
-        params = ImageParams(**{**params.__dict__, "bbox": record.bbox})
+        params = dataclasses.replace(params, bbox=record.bbox)
     try:
-        pixels, failed = augment(record, params, np.random.default_rng([seed, row]))
+        pixels, failed = cfg.services.augment(record, params,
+                                              np.random.default_rng([seed, row]))
     except ValueError as error:
         raise DataInputError(f"{where}: {error}") from None
     if cfg.gpu_transform:
         out[...] = pixels
     else:
-        normalize(pixels, params, out)
+        cfg.services.normalize(pixels, params, out)
     return record, failed
 
 
 def _rows(rows: list[int], values: list[bytes], keys: list[bytes], cfg: _Config, seed: int,
-          where: str, data: np.ndarray) -> list[tuple[int, rec.ImageRecord, bool]]:
+          where: str, data: np.ndarray) -> list[tuple[int, ImageRecord, bool]]:
     """One decode thread's share of the batch, done in order (one task per thread keeps
     the hand-offs between threads to one per batch)."""
     return [(row, *_one_image(values[row], cfg, seed, row,
@@ -163,20 +173,20 @@ def _rows(rows: list[int], values: list[bytes], keys: list[bytes], cfg: _Config,
             for row in rows]
 
 
-def _labels(records: list[rec.ImageRecord], cfg: _Config, where: str) -> np.ndarray:
+def _labels(records: list[ImageRecord], cfg: _Config, where: str) -> np.ndarray:
     dtype = records[0].label.dtype
     count = len(records)
-    if cfg.label_type in (rec.SINGLE_LABEL, rec.SINGLE_LABEL_WEIGHTED):
+    if cfg.label_type in (SINGLE_LABEL, SINGLE_LABEL_WEIGHTED):
         out = np.empty(count, dtype=dtype)
         for row, record in enumerate(records):
             if record.label.size < 1:
                 raise DataInputError(f"{where}: record {row} has no label value.")
             out[row] = record.label[0]
         return out
-    weighted = cfg.label_type == rec.MULTI_LABEL_WEIGHTED_SPARSE
+    weighted = cfg.label_type == MULTI_LABEL_WEIGHTED_SPARSE
     out = np.zeros((count, cfg.num_labels), dtype=np.float32 if weighted else dtype)
     for row, record in enumerate(records):
-        if cfg.label_type in (rec.MULTI_LABEL_DENSE, rec.EMBEDDING_LABEL):
+        if cfg.label_type in (MULTI_LABEL_DENSE, EMBEDDING_LABEL):
             if record.label.size != cfg.num_labels:
                 raise DataInputError(f"{where}: record {row} has {record.label.size} label "
                                      f"values, num_labels is {cfg.num_labels}.")
@@ -194,7 +204,7 @@ def _labels(records: list[rec.ImageRecord], cfg: _Config, where: str) -> np.ndar
     return out
 
 
-def _extras(records: list[rec.ImageRecord], cfg: _Config, where: str) -> list[np.ndarray]:
+def _extras(records: list[ImageRecord], cfg: _Config, where: str) -> list[np.ndarray]:
     outputs = []
     for i, width in enumerate(cfg.output_sizes):
         out = np.zeros((len(records), width), dtype=records[0].extras[i].dtype)
@@ -212,10 +222,10 @@ def _produce(reader: DBReader, cfg: _Config, batch_seed: int) -> list[np.ndarray
     where = f"ImageInput reading {reader.db.where()}"
     keys, values = reader.read_batch(cfg.batch_size)
     crop, channels = cfg.params.crop, cfg.params.channels
-    data = batch_buffer((cfg.batch_size, crop, crop, channels),
-                        np.uint8 if cfg.gpu_transform else np.float32)
+    data = cfg.services.batch_buffer((cfg.batch_size, crop, crop, channels),
+                                     np.uint8 if cfg.gpu_transform else np.float32)
     threads = max(1, min(cfg.threads, cfg.batch_size))
-    pool = decode_pool(threads)
+    pool = cfg.services.decode_pool(threads)
     futures = [pool.submit(_rows, list(range(t, cfg.batch_size, threads)), values, keys, cfg,
                            batch_seed, where, data) for t in range(threads)]
     done = sorted(item for future in futures for item in future.result())
@@ -250,7 +260,7 @@ def _reader(ctx: OpContext) -> DBReader:
             if not source:
                 raise ArgumentError(ctx.describe("give a DB reader input (CreateDB) or the "
                                                  "db argument."))
-            reader = DBReader(ctx.str_arg("db_type", "leveldb"), source)
+            reader = storage(ctx).reader(ctx.str_arg("db_type", "leveldb"), source)
             _OWN_READERS[key] = reader
         return reader
 
@@ -259,7 +269,7 @@ def _prefetcher(reader: DBReader, ctx: OpContext) -> Prefetcher:
     key = ctx.op.SerializeToString()
     with _STATE_LOCK:
         table = reader.__dict__.setdefault("_prefetchers", {})
-        return table.setdefault(key, Prefetcher())
+        return table.setdefault(key, storage(ctx).prefetcher())
 
 
 def _batch_seed(ctx: OpContext) -> int:

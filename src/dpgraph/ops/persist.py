@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from dpgraph.db import Cursor, Mode, open_db
 from dpgraph.errors import ArgumentError, DBError, ShapeError
 from dpgraph.ir.blob_serde import (
     FLOAT_DEFAULT,
@@ -28,8 +27,11 @@ from dpgraph.ir.blob_serde import (
 from dpgraph.ir.device import device_key
 from dpgraph.ir.registry import OPERATORS, register_gradient, register_op
 from dpgraph.ops.context import OpContext, Outputs
-from dpgraph.ops.db import on_device, reader_input, required_str, resolve_path
+from dpgraph.ops.db import on_device, reader_input, required_str, resolve_path, storage
 from dpgraph.ops.device_copy import OUTPUT_PLACEMENT
+
+if TYPE_CHECKING:
+    from dpgraph.db.base import Cursor
 
 DeviceKey = tuple[int, int]
 _PLACEMENT = threading.local()  # Load -> its output placement function (same thread)
@@ -106,7 +108,8 @@ def save_to(ctx: OpContext, db_path: str) -> None:
     db_type = required_str(ctx, "db_type", "Must specify a db type.")
     names = _stored_names(ctx)
     records = list(serialized_records(ctx, names))  # serialize fully before touching the DB
-    db = open_db(db_type, resolve_path(ctx, db_path), Mode.new)
+    services = storage(ctx)
+    db = services.open_db(db_type, resolve_path(ctx, db_path), services.Mode.new)
     try:
         db.set_options(ctx.str_arg("db_options", ""))
         transaction = db.new_transaction()
@@ -206,8 +209,9 @@ def _sources(ctx: OpContext, dbs: list[str]) -> Iterator[tuple[Cursor, str, Any]
             yield reader.cursor(), reader.db.where(), None
         return
     db_type = ctx.str_arg("db_type")
+    services = storage(ctx)
     for path in dbs:
-        db = open_db(db_type, resolve_path(ctx, path), Mode.read)
+        db = services.open_db(db_type, resolve_path(ctx, path), services.Mode.read)
         try:
             cursor = db.new_cursor()
             yield cursor, db.where(), db
