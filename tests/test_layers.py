@@ -53,20 +53,8 @@ LAYERS: dict[str, str] = {
 #: with the "Deliberate exceptions" section of docs/architecture.md.
 EXCEPTIONS: dict[tuple[str, str], str] = {}
 
-#: Upward edges still being fixed (issue 14); empty when done.  Op kernels that need the
-#: DB/data libraries of the runtime layer: to reach them through ``ctx.workspace`` (as
-#: ops/distributed.py reaches the collectives) or to declare db/data a storage layer below
-#: ops is pending a decision (/tmp/dpgraph-notes/B-requests.md, R3).
-_DB_OPS = "op kernels import the runtime layer's DB/data libraries (R3)"
-PENDING: dict[tuple[str, str], str] = {
-    ("dpgraph.ops.db", "dpgraph.db"): _DB_OPS,
-    ("dpgraph.ops.db", "dpgraph.db.queue_db"): _DB_OPS,
-    ("dpgraph.ops.persist", "dpgraph.db"): _DB_OPS,
-    ("dpgraph.ops.image_input", "dpgraph.db"): _DB_OPS,
-    ("dpgraph.ops.image_input", "dpgraph.data.image"): _DB_OPS,
-    ("dpgraph.ops.image_input", "dpgraph.data.prefetch"): _DB_OPS,
-    ("dpgraph.ops.image_input", "dpgraph.data.records"): _DB_OPS,
-}
+#: Upward edges still being fixed, with the reason (empty: issue 14's are all fixed).
+PENDING: dict[tuple[str, str], str] = {}
 
 
 @dataclass(frozen=True)
