@@ -1,5 +1,7 @@
 """Caffe2's ``core`` module: nets, blobs, operators, scopes and gradients."""
 
+from collections.abc import Iterator
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 from dpgraph.ir.analysis import (
@@ -70,6 +72,27 @@ def IsOperatorWithEngine(op_type: str, engine: str) -> bool:
 
 def RegisteredOperators() -> list[str]:
     return OPERATORS.types()
+
+
+class _RegisteredOperatorSet(AbstractSet[str]):
+    """Caffe2's ``core._REGISTERED_OPERATORS``: the registered op types, always current
+    (dpgraph's registry needs no refresh)."""
+
+    def __contains__(self, op_type: object) -> bool:
+        return op_type in OPERATORS
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(OPERATORS.types())
+
+    def __len__(self) -> int:
+        return len(OPERATORS.types())
+
+
+_REGISTERED_OPERATORS = _RegisteredOperatorSet()
+
+
+def _GetRegisteredOperators() -> set[str]:
+    return set(OPERATORS.types())
 
 
 def RefreshRegisteredOperators(trigger_lazy: bool = True) -> None:

@@ -10,6 +10,7 @@ from dpgraph.jobs.hypothesis_test_util import (  # noqa: F401
     dims,
     elements_of_type,
     expanded_device_options,
+    floats,
     gcs,
     gcs_cpu_only,
     gcs_cuda_only,
@@ -26,6 +27,7 @@ from dpgraph.jobs.hypothesis_test_util import (  # noqa: F401
     runOpOnInput,
     segment_ids,
     segmented_tensor,
+    settings,
     sparse_lengths_tensor,
     sparse_segmented_tensor,
     temp_workspace,
@@ -33,14 +35,16 @@ from dpgraph.jobs.hypothesis_test_util import (  # noqa: F401
     tensor1d,
     tensors,
     tensors1d,
+    to_float32,
 )
 
 __all__ = [
     "HypothesisTestCase", "arrays", "cpu_do", "cuda_do", "device_checker_device_options",
-    "device_options", "dims", "elements_of_type", "expanded_device_options", "gcs",
+    "device_options", "dims", "elements_of_type", "expanded_device_options", "floats", "gcs",
     "gcs_cpu_only", "gcs_cuda_only", "gcs_gpu_only", "gcs_no_hip", "gpu_do",
     "gradient_checker_device_option", "hip_do", "is_sandcastle", "is_travis", "lengths",
     "lengths_tensor", "runOpBenchmark", "runOpOnInput", "segment_ids", "segmented_tensor",
+    "settings",
     "sparse_lengths_tensor", "sparse_segmented_tensor", "temp_workspace", "tensor", "tensor1d",
-    "tensors", "tensors1d",
+    "tensors", "tensors1d", "to_float32",
 ]

@@ -35,7 +35,7 @@ def test_workspace_objects_blobs_nets_and_children() -> None:
         ws.blobs["missing"]
     unfed = core.Net("c_unfed")
     unfed.Mul(["c_a", "c_b"], "c_c")
-    with pytest.raises(KeyError, match="non-existing input blob: c_a"):
+    with pytest.raises(RuntimeError, match="non-existing input blob: c_a"):
         ws.create_net(unfed)
 
 

@@ -30,7 +30,6 @@ from dpgraph.runtime import devices
 try:
     import hypothesis
     import hypothesis.extra.numpy
-    from hypothesis import settings
     from hypothesis import strategies as st
 except ImportError as _error:  # pragma: no cover - hypothesis is a test dependency
     raise MissingDependencyError(
@@ -48,16 +47,53 @@ def is_travis() -> bool:
     return "TRAVIS" in os.environ
 
 
+def settings(*args: Any, **kwargs: Any) -> Any:
+    """``hypothesis.settings`` accepting Caffe2's retired arguments: ``min_satisfying_examples``
+    is dropped and ``timeout`` (seconds) becomes ``deadline`` (milliseconds)."""
+    kwargs.pop("min_satisfying_examples", None)
+    if "timeout" in kwargs:
+        timeout = kwargs.pop("timeout")
+        kwargs.setdefault("deadline", None if timeout is None else timeout * 1e3)
+    return hypothesis.settings(*args, **kwargs)
+
+
+def to_float32(x: Any) -> float:
+    """``x`` rounded to the nearest float32, as a Python float."""
+    return float(np.float32(float(x)))
+
+
+def floats(*args: Any, **kwargs: Any) -> Any:
+    """``st.floats`` with ``width=32`` unless a width is given; then min/max are rounded to
+    float32 so hypothesis accepts them (Caffe2's wrapper)."""
+    if "width" not in kwargs:
+        kwargs["width"] = 32
+        for bound in ("min_value", "max_value"):
+            if kwargs.get(bound) is not None:
+                kwargs[bound] = to_float32(kwargs[bound])
+    return st.floats(*args, **kwargs)
+
+
+def _relaxed_health_checks() -> list[Any]:
+    """Health checks Caffe2's dev/debug profiles turn off: ``too_slow``, plus
+    ``differing_executors`` (newer hypothesis; Caffe2 tests share one ``@given`` helper
+    between test methods)."""
+    relaxed = [hypothesis.HealthCheck.too_slow]
+    if hasattr(hypothesis.HealthCheck, "differing_executors"):
+        relaxed.append(hypothesis.HealthCheck.differing_executors)
+    return relaxed
+
+
 def _register_profiles() -> None:
-    settings.register_profile("sandcastle", max_examples=50, deadline=None, derandomize=True,
-                              database=None,
-                              suppress_health_check=list(hypothesis.HealthCheck))
-    settings.register_profile("dev", max_examples=10, deadline=None, derandomize=True,
-                              database=None)
-    settings.register_profile("debug", max_examples=1000, deadline=None, derandomize=True,
-                              database=None, verbosity=hypothesis.Verbosity.verbose)
-    settings.load_profile("sandcastle" if is_sandcastle()
-                          else os.getenv("CAFFE2_HYPOTHESIS_PROFILE", "dev"))
+    register = hypothesis.settings.register_profile
+    register("sandcastle", max_examples=50, deadline=None, derandomize=True,
+             database=None, suppress_health_check=list(hypothesis.HealthCheck))
+    register("dev", max_examples=10, deadline=None, derandomize=True,
+             database=None, suppress_health_check=_relaxed_health_checks())
+    register("debug", max_examples=1000, deadline=None, derandomize=True,
+             database=None, suppress_health_check=_relaxed_health_checks(),
+             verbosity=hypothesis.Verbosity.verbose)
+    hypothesis.settings.load_profile("sandcastle" if is_sandcastle()
+                                     else os.getenv("CAFFE2_HYPOTHESIS_PROFILE", "dev"))
 
 
 _register_profiles()

@@ -20,7 +20,7 @@ import weakref
 from collections.abc import Iterator
 from typing import Any
 
-from dpgraph.errors import BlobNotFoundError, NotSupportedError, WorkspaceError
+from dpgraph.errors import NotSupportedError, WorkspaceError
 from dpgraph.ir.registry import OPERATORS
 from dpgraph.proto import caffe2_pb2
 from dpgraph.runtime import api
@@ -237,7 +237,7 @@ def _check_inputs_exist(ws: Any, proto: caffe2_pb2.NetDef) -> None:
     for index, op in enumerate(proto.op):
         for name in op.input:
             if name not in produced and not ws.has_blob(name):
-                raise BlobNotFoundError(
+                raise WorkspaceError(
                     f"op {index} ({op.type}) of net {proto.name!r}: Encountered a non-existing "
                     f"input blob: {name}; feed it or create it before creating the net.")
         produced.update(op.output)
@@ -559,6 +559,10 @@ def TriggerLazyImport() -> None:
 
 
 def CreateNet(net: Any, overwrite: bool = False, input_blobs: Any = None) -> bool:
-    """``workspace.CreateNet``: triggers the lazy imports first, as Caffe2's does."""
+    """``workspace.CreateNet``: triggers the lazy imports first, as Caffe2's does.
+
+    Unlike Caffe2 (whose operator constructors refuse inputs that do not exist yet), a net
+    may be created before its inputs are fed; a missing input fails when the net runs.
+    ``C.Workspace.create_net`` keeps Caffe2's check."""
     TriggerLazyImport()
     return api.CreateNet(net, overwrite, input_blobs)
