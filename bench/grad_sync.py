@@ -117,14 +117,15 @@ def _dpgraph(rank: int, size: int, store_path: str, iters: int, barrier: Any
                     op.arg.add(name="copy", i=1)
         for name, value in grads.items():
             workspace.FeedBlob(name, value)
-        workspace.CreateNet(sync)
-        times = _timed(lambda: workspace.RunNet(sync.Name()), iters, barrier)
         compute = _subnet(model, f"compute_{mode}", sync=False)
-        workspace.CreateNet(compute)
+        for net in (sync, compute):
+            workspace.CreateNet(net)
+        names = (sync.Name(), model.net.Name(), compute.Name())
+        times = _timed(lambda n=names[0]: workspace.RunNet(n), iters, barrier)
         full, alone = [], []
         for _ in range(iters):  # interleaved: the whole step, and the step without sync
-            full += _timed(lambda: workspace.RunNet(model.net.Name()), 1, barrier)
-            alone += _timed(lambda: workspace.RunNet(compute.Name()), 1, barrier)
+            full += _timed(lambda n=names[1]: workspace.RunNet(n), 1, barrier)
+            alone += _timed(lambda n=names[2]: workspace.RunNet(n), 1, barrier)
         collectives = sum(op.type == "Allreduce" for op in sync.Proto().op)
         results[mode] = {"times": times, "step": full, "step_without_sync": alone,
                          "collectives": collectives,
@@ -211,10 +212,11 @@ def _predictions(size: int) -> dict[str, Any]:
     profile = StepProfile("resnet50 gradients", 0.0, 0.0, grads)
     model = load()
     auto = sqrt_rule_bytes(profile.grad_bytes, model, "gloo", size, 1)
-    return {mode: predict(profile, model, size, None if mb is None else
-                          (auto if mb == "auto" else mb * MB)).comm_s
-            for mode, mb in MODES.items() if not mode.endswith("_copy")} | {
-        "auto_bucket_mb": auto / MB, "cost_model": model.to_json()}
+    sizes: dict[str, float | None] = {"per_blob": None, "bucket_auto": auto,
+                                      "bucket_25mb": 25.0 * MB}
+    result: dict[str, Any] = {mode: predict(profile, model, size, nbytes).comm_s
+                              for mode, nbytes in sizes.items()}
+    return {**result, "auto_bucket_mb": auto / MB, "cost_model": model.to_json()}
 
 
 def _one_thread_per_process() -> None:

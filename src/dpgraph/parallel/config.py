@@ -179,7 +179,7 @@ def check_bucket_mb(value: Any) -> None:
     """``gradient_bucket_mb``: None, a positive size in MB, or ``"auto"``."""
     if value is None or value == "auto":
         return
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not value > 0:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not float(value) > 0:
         raise ParallelizeError(
             f"gradient_bucket_mb must be None (one collective per gradient, as Caffe2), a "
             f"positive size in MB (e.g. 25) or 'auto', got {value!r}.")

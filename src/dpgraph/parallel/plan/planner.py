@@ -158,7 +158,7 @@ def scaling_table(profile: StepProfile, model: CostModel, workers: Sequence[int]
     for count in workers:
         per_blob = predict(profile, model, count, None, backend, local_devices)
         size = (best_bucket_bytes(profile, model, count, backend, local_devices)
-                if bucket_bytes == "auto" else bucket_bytes)
+                if isinstance(bucket_bytes, str) else bucket_bytes)
         bucketed = predict(profile, model, count, size, backend, local_devices)
         rows.append({"workers": count, "per_blob": per_blob.to_json(),
                      "bucketed": bucketed.to_json()})
