@@ -45,3 +45,30 @@ def test_registered_operators_set_is_live() -> None:
     assert "Relu" in ops and "NoSuchOpAnywhere" not in ops
     assert len(ops) == len(core.RegisteredOperators()) and "FC" in set(ops)
     assert core._GetRegisteredOperators() == set(core.RegisteredOperators())
+
+
+BUILT: list[int] = []
+
+
+def _counting_builder(amount: float):  # noqa: ANN201 - a Python-op builder
+    BUILT.append(1)
+
+    def f(inputs, outputs) -> None:  # noqa: ANN001
+        outputs[0].feed(inputs[0].data + amount)
+    return f
+
+
+def test_python_op_builder_called_once_per_op_instance() -> None:
+    from dpgraph import workspace
+
+    BUILT.clear()
+    net = core.Net("k_py_builder")
+    net.Python((_counting_builder, [2.0], {}))(["k_x"], ["k_y"])
+    workspace.FeedBlob("k_x", np.ones(2, np.float32))
+    workspace.CreateNet(net)
+    workspace.RunNet(net, 3)
+    assert len(BUILT) == 1  # one instance, three runs
+    np.testing.assert_array_equal(workspace.FetchBlob("k_y"), [3.0, 3.0])
+    workspace.RunNetOnce(net)
+    workspace.RunNetOnce(net)
+    assert len(BUILT) == 3  # each RunNetOnce instantiates the net

@@ -2,8 +2,10 @@
 
 Caffe2's ``net.Python(f, grad_f)`` registers ``f`` under a token (the op's ``token``
 argument) or, for distributed jobs, pickles a builder ``(func, args, kwargs)`` whose call
-returns ``f`` (``pickled_builder`` / ``pickled_grad_builder``; dpgraph calls each distinct
-builder once per process, so ops made from the same tuple share its state).
+returns ``f`` (``pickled_builder`` / ``pickled_grad_builder``).  As in Caffe2 (whose
+PythonOp constructor calls it), the builder is called once per operator *instance*: each
+net instantiation (``CreateNet``, ``RunNetOnce``, every concurrent task instance) builds
+its own function, which then serves every run of that instance.
 ``f(inputs, outputs)`` (plus the workspace with ``pass_workspace``) gets Caffe2-style tensor
 views: ``.data``, ``.shape``, ``.reshape(shape)``, ``.init(dims, data_type)``,
 ``.feed(array)``.  ``grad_f`` sees the forward inputs, the forward outputs and the output
@@ -13,6 +15,7 @@ gradients (or the ``grad_output_indices`` subset) and writes the input gradients
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Sequence
 from typing import Any
 
@@ -71,8 +74,32 @@ class PythonTensor:
         return True
 
 
+#: Keys under which an op instance keeps its resolved function in its own ``ctx.args``
+#: (a per-instance dict no argument name can clash with).
+_INSTANCE_FN = {False: "\0python_fn", True: "\0python_grad_fn"}
+
+
+def _build(builder: bytes | str) -> PythonFn:
+    """Unpickle a ``(func, args, kwargs)`` builder and call it."""
+    if isinstance(builder, str):  # arguments decode ``s`` with surrogateescape
+        builder = builder.encode("utf-8", "surrogateescape")
+    func, args, kwargs = pickle.loads(builder)
+    return func(*args, **kwargs)
+
+
 def _resolve(ctx: OpContext, grad: bool) -> tuple[PythonFn, bool]:
-    return resolve_python_function(ctx.args, grad, ctx.describe)
+    """The function of this op instance: a pickled builder is called on the instance's
+    first run (once per instance, as Caffe2's PythonOp constructor does), a token is looked
+    up in the registry."""
+    cached = ctx.args.get(_INSTANCE_FN[grad])
+    if cached is None:
+        builder = ctx.args.get("pickled_grad_builder" if grad else "pickled_builder")
+        if builder:
+            cached = (_build(builder), bool(int(ctx.args.get("pass_workspace", 0))))
+        else:
+            cached = resolve_python_function(ctx.args, grad, ctx.describe)
+        ctx.args[_INSTANCE_FN[grad]] = cached
+    return cached
 
 
 def _host(ctx: OpContext, value: Any) -> Any:
