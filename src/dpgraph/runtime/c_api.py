@@ -281,11 +281,18 @@ def create_db(db_type: Any, source: Any, mode: Any) -> Any:
     return _create_db(db_type, source, mode)
 
 
+def registered_dbs() -> list[str]:
+    """The DB types ``create_db`` knows (Caffe2's ``C.registered_dbs()``)."""
+    from dpgraph.db import registered_dbs as _registered_dbs
+
+    return list(_registered_dbs())
+
+
 def __getattr__(name: str) -> Any:
-    if name == "Mode":
+    if name in ("Mode", "read", "write", "new"):
         from dpgraph.db import Mode
 
-        return Mode
+        return Mode if name == "Mode" else getattr(Mode, name)
     if name in ("has_cuda_support", "has_gpu_support"):
         from dpgraph.runtime.devices import NumGpuDevices
 
