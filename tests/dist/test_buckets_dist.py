@@ -144,3 +144,16 @@ def test_runnet_runs_the_schedule_check(file_store: dict[str, Any]) -> None:
         message = result["message"]
         assert "'allreduce_1_cw'" in message and "CloneCommonWorld" in message, message
         assert "ranks [1]: <nothing" in message, message
+
+
+def test_calibrate_two_local_processes(tmp_path: Any) -> None:
+    """``dpgraph plan --calibrate``: Gloo figures from two local ranks, saved and reloaded."""
+    from dpgraph import cli
+    from dpgraph.parallel.plan import load
+
+    path = tmp_path / "cost.json"
+    assert cli.main(["plan", "--calibrate", str(path), "--processes", "2"]) == 0
+    model = load(path)
+    gloo = model.backend("gloo")
+    assert 0 <= gloo.alpha < 0.1 and 0 < gloo.beta < 1e-6  # faster than 1 MB/s
+    assert model.flops_per_sec > 1e6 and model.backend("local").beta > 0
