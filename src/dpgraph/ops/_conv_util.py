@@ -197,6 +197,21 @@ def col2im(xp: Any, cols: Any, geom: Geometry, out: tuple[int, ...],
     return target
 
 
+def summed_matmul(xp: Any, a: Any, b: Any) -> Any:
+    """``matmul(a, b).sum(axis=0)`` (a sum over the batch of per-sample products, the weight
+    gradient) accumulated in batch order into one buffer instead of materialising all N
+    products; on the host the same additions in the same order, so the same values."""
+    if a.shape[0] == 0:  # an empty batch: zeros of the product's shape
+        return xp.matmul(a, b).sum(axis=0)
+    total = xp.matmul(a[0], b[0])
+    if a.shape[0] > 1:
+        product = xp.empty_like(total)
+        for index in range(1, a.shape[0]):
+            xp.matmul(a[index], b[index], out=product)
+            total += product
+    return total
+
+
 def conv_forward(xp: Any, x: Any, w: Any, geom: Geometry) -> Any:
     """Convolution (N, C, *S) * (M, C/G, *k) -> (N, M, *out), channel-first."""
     n = x.shape[0]
@@ -216,7 +231,7 @@ def conv_backward(xp: Any, x: Any, w: Any, dy: Any, geom: Geometry,
     xpad = pad_spatial(xp, x, geom)
     cols = im2col(xp, xpad, geom, out)
     dy2 = dy.reshape(n, g, m // g, math.prod(out))
-    dw = xp.matmul(dy2, cols.swapaxes(-1, -2)).sum(axis=0).reshape(w.shape)
+    dw = summed_matmul(xp, dy2, cols.swapaxes(-1, -2)).reshape(w.shape)
     if not need_dx:
         return dw, None
     if _dx_as_conv(geom):
@@ -273,7 +288,7 @@ def conv_transpose_backward(xp: Any, x: Any, w: Any, dy: Any, geom: Geometry,
     spatial = x.shape[2:]
     cols = im2col(xp, pad_spatial(xp, dy, geom), geom, spatial)  # (N, G, Mg*K, P)
     x2 = x.reshape(n, g, c // g, math.prod(spatial))
-    dw = xp.matmul(x2, cols.swapaxes(-1, -2)).sum(axis=0).reshape(w.shape)
+    dw = summed_matmul(xp, x2, cols.swapaxes(-1, -2)).reshape(w.shape)
     if not need_dx:
         return dw, None
     dx = xp.matmul(w.reshape(g, c // g, -1), cols)
