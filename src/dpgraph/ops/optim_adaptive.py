@@ -1,6 +1,6 @@
 """The final Caffe2 optimizer operators: Storm (dense and sparse), GFtrl (group-lasso FTRL),
-DecayAdagrad and SmartDecaySparseAdam.  (Wngrad and Adadelta with their sparse forms live in
-``ops/optim.py``.)
+DecayAdagrad, SmartDecaySparseAdam, RowWiseCounter and WeightScale.  (Wngrad and Adadelta
+with their sparse forms live in ``ops/optim.py``.)
 
 Like the other optimizer ops they keep Caffe2's input/output order and argument names, are
 in place in Caffe2 (outputs alias inputs) and have no gradient.  ``lr`` is the (negative for
@@ -138,22 +138,25 @@ def decay_adagrad(ctx: OpContext) -> Outputs:
 @register_op("RowWiseCounter", inputs=4, outputs=2, inplace=[(0, 0), (1, 1)],
              shape=like_inputs(0, 1))
 def row_wise_counter(ctx: OpContext) -> Outputs:
-    """[prev_iter (int64, rows), counter (double, rows), indices, iter] -> [prev_iter,
-    counter]: for each touched row, counter = 1 + 2^(-Δiter / counter_halflife)·counter
-    (Δiter = iter - prev_iter, at least 0; no decay without a positive halflife), then
-    prev_iter = iter."""
+    """[prev_iter (int64, rows or rows x 1), counter (double, rows), indices, iter] ->
+    [prev_iter, counter]: for each touched row,
+    counter = 1 + 2^(-Δiter / counter_halflife)·counter (Δiter = iter - prev_iter, at
+    least 0; no decay without a positive halflife), then prev_iter = iter."""
     prev, counter, indices, iteration = ctx.inputs
-    _same_shape(ctx, 0, 1)
-    idx = check_indices(ctx, indices, np.shape(prev)[0])
+    if np.size(prev) != np.size(counter):  # [rows] or [rows, 1] alike, as Caffe2's flat view
+        raise ctx.fail(f"prev_iter and update_counter must hold one entry per row each, got "
+                       f"shapes {np.shape(prev)} and {np.shape(counter)}")
+    idx = check_indices(ctx, indices, np.size(prev))
     halflife = ctx.float_arg("counter_halflife", -1.0)
     neg_log_rho = np.log(2.0) / halflife if halflife > 0 else 0.0
     current = int(scalar_value(iteration))
     new_prev, new_counter = writable(ctx, prev, 0, 0), writable(ctx, counter, 1, 1)
+    flat_prev, flat_counter = new_prev.reshape(-1), new_counter.reshape(-1)
     for row in idx:  # repeated rows see the update of the earlier occurrence
-        delta = max(0, current - int(new_prev[row]))
-        new_prev[row] = current
-        new_counter[row] = 1.0 + np.exp(-delta * neg_log_rho) * new_counter[row]
-    return new_prev, new_counter
+        delta = max(0, current - int(flat_prev[row]))
+        flat_prev[row] = current
+        flat_counter[row] = 1.0 + np.exp(-delta * neg_log_rho) * flat_counter[row]
+    return flat_prev.reshape(np.shape(prev)), flat_counter.reshape(np.shape(counter))
 
 
 # --- SmartDecaySparseAdam --------------------------------------------------------------------
@@ -203,3 +206,23 @@ def smart_decay_sparse_adam(ctx: OpContext) -> Outputs:
         new_m[r] = _as(np.where(replay, beta1 ** k * new_m[r] + fresh, new_m[r]), m)
         new_seen[r] = t
     return new_w, new_m, new_v, new_seen
+
+
+# --- WeightScale -----------------------------------------------------------------------------
+_INT64_MAX = 2 ** 63 - 1
+
+
+@register_op("WeightScale", inputs=2, outputs=1, inplace=[(0, 0)], shape=like_inputs(0))
+def weight_scale(ctx: OpContext) -> Outputs:
+    """[w, iter (int64, CPU)] -> [w']: with t = iter + 1, w' = scale·w when t is a multiple
+    of ``stepsize`` and t < ``upper_bound_iter``, else w (both default to int64 max, scale
+    to 1)."""
+    w, iteration = ctx.inputs
+    stepsize = ctx.int_arg("stepsize", _INT64_MAX)
+    upper = ctx.int_arg("upper_bound_iter", _INT64_MAX)
+    if stepsize <= 0:
+        raise ctx.fail(f"stepsize must be positive, got {stepsize}")
+    t = int(scalar_value(iteration)) + 1
+    if t % stepsize != 0 or t >= upper:
+        return (w.copy() if ctx.input_name(0) != ctx.output_name(0) else w,)
+    return (_as(w * ctx.float_arg("scale", 1.0), w),)
