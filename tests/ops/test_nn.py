@@ -395,3 +395,15 @@ def test_pool_shape_inference_and_empty_batch() -> None:
     assert fn(op, [(4, 8, 7, 7)], [1]) == [((4, 8, 3, 3), 1)]
     (y,) = run_op(op, [np.zeros((0, 8, 7, 7), np.float32)])
     assert y.shape == (0, 8, 3, 3)
+
+
+@pytest.mark.parametrize("batch", [0, 1, 5])
+def test_conv_weight_gradient_sum_is_bitwise_the_batched_sum(batch: int) -> None:
+    """The weight gradient accumulates per-sample products in batch order into one buffer:
+    the same additions as summing the batched product over the batch."""
+    from dpgraph.ops._conv_util import summed_matmul
+
+    rng = np.random.default_rng(batch)
+    a = rng.standard_normal((batch, 2, 3, 7)).astype(np.float32)
+    b = rng.standard_normal((batch, 2, 7, 4)).astype(np.float32)
+    np.testing.assert_array_equal(summed_matmul(np, a, b), np.matmul(a, b).sum(axis=0))
