@@ -222,8 +222,8 @@ class OpInstance:
             if self.net_name else None
         if stack:
             lines.append("  op created at (most recent call last):")
-            lines.extend("    " + entry.rstrip().replace("\n", "\n    ")
-                         for entry in stack[-4:])
+            lines.extend(f'    File "{file}", line {line}, in {function}'
+                         for file, line, function in reversed(stack[:4]))
         error = _error_class(cause)("\n".join(lines))
         for attribute, value in (("op_index", self.index), ("op_type", self.type),
                                  ("net_name", self.net_name), ("device", device_name(self.key))):

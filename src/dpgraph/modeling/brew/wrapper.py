@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 import inspect
 from collections.abc import Callable
 from types import ModuleType
@@ -39,9 +40,8 @@ class HelperWrapper:
             new_kwargs: dict[str, Any] = {}
             if helper_name != "arg_scope":
                 new_kwargs = copy.deepcopy(_model_of(helper_name, args, kwargs).arg_scope)
-            spec = inspect.getfullargspec(func)
-            if spec.varkw is None:
-                names = set(spec.args) | set(spec.kwonlyargs)
+            names = _keyword_names(func)
+            if names is not None:
                 new_kwargs = {k: v for k, v in new_kwargs.items() if k in names}
             new_kwargs.update(get_current_scope().get(helper_name, {}))
             new_kwargs.update(kwargs)
@@ -79,3 +79,12 @@ def _model_of(helper_name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -
     raise ModelStateError(
         f"brew.{helper_name}: you must pass a ModelHelper object as the first argument or "
         "as a 'model' keyword argument.")
+
+
+@functools.cache
+def _keyword_names(func: Callable[..., Any]) -> frozenset[str] | None:
+    """The argument names ``func`` accepts (None when it takes ``**kwargs``), computed once."""
+    spec = inspect.getfullargspec(func)
+    if spec.varkw is not None:
+        return None
+    return frozenset(spec.args) | frozenset(spec.kwonlyargs)
