@@ -49,6 +49,8 @@ from dpgraph.runtime.api import (
 from dpgraph.runtime.c_api import (
     CreateNet,
     FillRandomNetworkInputs,
+    GetBlobSizeBytes,
+    RunPlanInBackground,
     SwitchWorkspace,
     WorkspaceGuard,
 )
@@ -61,6 +63,7 @@ from dpgraph.runtime.devices import (
     NumGpuDevices,
     SetVirtualGpus,
 )
+from dpgraph.runtime.net_transforms import ApplyTransform, ApplyTransformIfFaster
 from dpgraph.runtime.workspace import Workspace
 
 GpuDeviceType = CUDA
@@ -77,7 +80,8 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-    "C", "FillRandomNetworkInputs",
+    "ApplyTransform", "ApplyTransformIfFaster", "C", "FillRandomNetworkInputs",
+    "GetBlobSizeBytes", "RunPlanInBackground",
     "BenchmarkNet", "Blobs", "CreateBlob", "FetchInt8Blob", "GetGPUMemoryInfo", "IsImmediate",
     "StartImmediate", "StopImmediate", "CreateNet", "CurrentWorkspace", "DeserializeBlob",
     "FeedBlob", "FetchBlob", "FetchBlobs", "GetCUDAVersion", "GetCuDNNVersion",

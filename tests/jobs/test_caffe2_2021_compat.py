@@ -72,3 +72,54 @@ def test_python_op_builder_called_once_per_op_instance() -> None:
     workspace.RunNetOnce(net)
     workspace.RunNetOnce(net)
     assert len(BUILT) == 3  # each RunNetOnce instantiates the net
+
+
+def test_blob_size_bytes_and_background_plans() -> None:
+    import time
+
+    from dpgraph import workspace
+
+    workspace.FeedBlob("k_f16", np.zeros((2, 3), np.float16))
+    assert workspace.GetBlobSizeBytes("k_f16") == 12
+    workspace.FeedBlob("k_s1", np.array([b"Hello World!", b"abcd"]))
+    workspace.FeedBlob("k_s2", np.array([b"element1", b"element2"]))
+    assert workspace.GetBlobSizeBytes("k_s1") - workspace.GetBlobSizeBytes("k_s2") == 0
+    assert workspace.GetBlobSizeBytes("k_s1") == 2 * 32 + 16
+    net = core.Net("k_bg")
+    net.ConstantFill([], "k_bg_out", shape=[2], value=3.0)
+    plan = core.Plan("k_bg_plan")
+    plan.AddStep(core.ExecutionStep("k_bg_step", net))
+    background = workspace.RunPlanInBackground(plan)
+    deadline = time.time() + 30
+    while not background.is_done() and time.time() < deadline:
+        time.sleep(0.01)
+    assert background.is_succeeded()
+    np.testing.assert_array_equal(workspace.FetchBlob("k_bg_out"), [3.0, 3.0])
+    failing = core.Net("k_bg_fail")
+    failing.Relu("k_missing", "k_never")
+    background = workspace.RunPlanInBackground(core.ExecutionStep("k_bg_fail_step", failing))
+    assert background.wait(30) and not background.is_succeeded()
+
+
+def test_apply_transform_conv_to_nnpack() -> None:
+    import pytest
+
+    from dpgraph import workspace
+    from dpgraph.errors import WorkspaceError
+
+    init = core.Net("k_tr_init")
+    init.ConstantFill([], "k_tr_x", shape=[1, 2, 5, 5], value=1.0)
+    init.ConstantFill([], "k_tr_w", shape=[2, 2, 3, 3], value=0.5)
+    init.ConstantFill([], "k_tr_b", shape=[2], value=0.0)
+    net = core.Net("k_tr")
+    net.Conv(["k_tr_x", "k_tr_w", "k_tr_b"], "k_tr_y", kernel=3)
+    net.Relu("k_tr_y", "k_tr_z")
+    transformed = workspace.ApplyTransform("ConvToNNPack", net.Proto())
+    assert [op.engine for op in transformed.op] == ["NNPACK", ""]
+    assert net.Proto().op[0].engine == ""  # the input is left alone
+    with pytest.raises(RuntimeError, match="not registered"):
+        workspace.ApplyTransform("definitely_not_a_real_transform", net.Proto())
+    chosen = workspace.ApplyTransformIfFaster("ConvToNNPack", net.Proto(), init.Proto(),
+                                              warmup_runs=1, main_runs=2)
+    assert [op.type for op in chosen.op] == ["Conv", "Relu"]
+    assert issubclass(WorkspaceError, RuntimeError)

@@ -573,3 +573,72 @@ def CreateNet(net: Any, overwrite: bool = False, input_blobs: Any = None) -> boo
     ``C.Workspace.create_net`` keeps Caffe2's check."""
     TriggerLazyImport()
     return api.CreateNet(net, overwrite, input_blobs)
+
+
+# --- background plans and blob sizes (workspace.RunPlanInBackground / GetBlobSizeBytes) ---
+class BackgroundPlan:
+    """Caffe2's ``C.BackgroundPlan``: a plan running on its own thread in a workspace."""
+
+    def __init__(self, workspace: RuntimeWorkspace, plan: Any) -> None:
+        import threading
+
+        self._error: BaseException | None = None
+        self._succeeded = False
+        self._thread = threading.Thread(target=self._run, args=(workspace, plan),
+                                        name="dpgraph-background-plan", daemon=True)
+        self._thread.start()
+
+    def _run(self, workspace: RuntimeWorkspace, plan: Any) -> None:
+        try:
+            self._succeeded = bool(workspace.run_plan(plan))
+        except BaseException as error:  # noqa: BLE001 - reported by is_succeeded
+            self._error = error
+
+    def is_done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def is_succeeded(self) -> bool:
+        """Whether the finished plan succeeded (Caffe2 refuses to answer while it runs)."""
+        if not self.is_done():
+            raise WorkspaceError("BackgroundPlan.is_succeeded: the plan is still running; "
+                                 "poll is_done() first.")
+        return self._succeeded and self._error is None
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the plan finishes (or ``timeout`` seconds); True when done."""
+        self._thread.join(timeout)
+        return self.is_done()
+
+
+def run_plan_in_background(plan: Any) -> BackgroundPlan:
+    """Start ``plan`` (PlanDef, its bytes, Plan or ExecutionStep) in the current workspace."""
+    from dpgraph.ir.plan import ExecutionStep, Plan
+
+    if isinstance(plan, ExecutionStep):
+        plan = Plan(plan)
+    if isinstance(plan, bytes):
+        proto = caffe2_pb2.PlanDef()
+        proto.ParseFromString(plan)
+        plan = proto
+    return BackgroundPlan(api.current(), plan)
+
+
+RunPlanInBackground = run_plan_in_background
+
+#: ``sizeof(std::string)`` in Caffe2's (libstdc++, 64-bit) builds: a string tensor's size
+#: counts it once per element plus the characters.
+_STRING_ELEMENT_BYTES = 32
+
+
+def GetBlobSizeBytes(name: Any) -> int:
+    """Caffe2's blob size: a tensor's bytes (string tensors: elements × sizeof(std::string)
+    plus their lengths); 0 for blobs that are not tensors."""
+    import numpy as np
+
+    value = api.FetchBlob(name)
+    if not isinstance(value, np.ndarray):
+        return 0
+    if value.dtype.kind in "OSU":
+        return int(value.size * _STRING_ELEMENT_BYTES
+                   + sum(len(item) for item in value.reshape(-1)))
+    return int(value.nbytes)
