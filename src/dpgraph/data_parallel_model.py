@@ -84,6 +84,9 @@ def Parallelize(
     combine_spatial_bn: bool = False,
     barrier_net_timeout_sec: float = _DEFAULT_BARRIER_NET_TIMEOUT_SEC,
     gradient_bucket_mb: float | str | None = None,
+    accumulate_steps: int = 1,
+    gradient_dtype: str | None = None,
+    gradient_error_feedback: bool = False,
 ) -> None:
     """Replicate a model over ``devices`` and add synchronous-SGD gradient all-reduce.
 
@@ -95,7 +98,11 @@ def Parallelize(
 
     ``gradient_bucket_mb`` (dpgraph's): ``None`` keeps Caffe2's one collective per gradient;
     a size in MB or ``"auto"`` (from the cost model) packs dense gradients into buckets of
-    about that size, one collective each (see docs/performance.md).
+    about that size, one collective each.  ``accumulate_steps=k`` (dpgraph's): each RunNet
+    is one micro-batch, gradients accumulate locally and every k-th RunNet synchronises
+    them and runs the optimizer once.  ``gradient_dtype`` (dpgraph's): "float16" or
+    "bfloat16" casts gradients around the collective, ``gradient_error_feedback`` carries
+    the quantisation error to the next step (see docs/performance.md).
     """
     check_device_scope()  # first, as in Caffe2 (before devices are resolved)
     config = make_config(
@@ -114,7 +121,8 @@ def Parallelize(
         cpu_device=cpu_device, ideep=ideep, num_threads_per_device=num_threads_per_device,
         shared_model=shared_model, combine_spatial_bn=combine_spatial_bn,
         barrier_net_timeout_sec=barrier_net_timeout_sec,
-        gradient_bucket_mb=gradient_bucket_mb,
+        gradient_bucket_mb=gradient_bucket_mb, accumulate_steps=accumulate_steps,
+        gradient_dtype=gradient_dtype, gradient_error_feedback=gradient_error_feedback,
     )
     parallelize(model_helper_obj, config)
 

@@ -46,11 +46,14 @@ def _names(fun) -> list[str]:
 
 #: Keyword-only options dpgraph adds after Caffe2's parameters (gradient buckets).
 DPGRAPH_EXTRAS = [("gradient_bucket_mb", None)]
+#: Parallelize only: gradient accumulation and compressed gradients (after the shared extras)
+PARALLELIZE_EXTRAS = DPGRAPH_EXTRAS + [
+    ("accumulate_steps", 1), ("gradient_dtype", None), ("gradient_error_feedback", False)]
 
 
 def test_parallelize_signature() -> None:
     """Caffe2's parameters, in order and with their defaults, then dpgraph's extras."""
-    assert _params(data_parallel_model.Parallelize) == PARALLELIZE + DPGRAPH_EXTRAS
+    assert _params(data_parallel_model.Parallelize) == PARALLELIZE + PARALLELIZE_EXTRAS
 
 
 def test_parallelize_bmuf_signature() -> None:

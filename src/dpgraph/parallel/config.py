@@ -54,6 +54,12 @@ class ParallelConfig:
     barrier_net_timeout_sec: float = DEFAULT_BARRIER_NET_TIMEOUT_SEC
     #: None: one collective per gradient (Caffe2's graph); MB or "auto": gradient buckets
     gradient_bucket_mb: float | str | None = None
+    #: micro-batches per optimizer step (1: every RunNet steps, Caffe2's graph)
+    accumulate_steps: int = 1
+    #: None: gradients reduced in float32; "float16"/"bfloat16": compressed for the collective
+    gradient_dtype: str | None = None
+    #: carry each device's quantisation error into its next gradient (with gradient_dtype)
+    gradient_error_feedback: bool = False
     # values the facade resolves from the runtime when Parallelize is called
     timeout_sec: float = DEFAULT_TIMEOUT_SEC
     peer_access: tuple[tuple[bool, ...], ...] | None = None
@@ -70,7 +76,7 @@ class ParallelConfig:
 
     @property
     def loss_scale(self) -> float:
-        return 1.0 / (len(self.devices) * self.num_shards)
+        return 1.0 / (len(self.devices) * self.num_shards * self.accumulate_steps)
 
     @property
     def has_parameter_updates(self) -> bool:
@@ -173,6 +179,8 @@ def check_supported(config: ParallelConfig) -> None:
     if config.combine_spatial_bn and not config.has_parameter_updates:
         raise ParallelizeError("combine_spatial_bn should only be used for train model.")
     check_bucket_mb(config.gradient_bucket_mb)
+    check_accumulation(config)
+    check_compression(config)
 
 
 def check_bucket_mb(value: Any) -> None:
@@ -183,3 +191,36 @@ def check_bucket_mb(value: Any) -> None:
         raise ParallelizeError(
             f"gradient_bucket_mb must be None (one collective per gradient, as Caffe2), a "
             f"positive size in MB (e.g. 25) or 'auto', got {value!r}.")
+
+
+def check_accumulation(config: ParallelConfig) -> None:
+    """``accumulate_steps``: a positive int; the memory passes cannot see the sync net."""
+    steps = config.accumulate_steps
+    if isinstance(steps, bool) or not isinstance(steps, numbers.Integral) or steps < 1:
+        raise ParallelizeError(
+            f"accumulate_steps must be a positive int (micro-batches per optimizer step, 1 to "
+            f"step on every RunNet), got {steps!r}.")
+    if steps > 1 and (config.optimize_gradient_memory or config.dynamic_memory_management):
+        raise ParallelizeError(
+            f"accumulate_steps={steps} keeps gradients alive across RunNet calls; it cannot "
+            "be combined with optimize_gradient_memory or dynamic_memory_management. Turn "
+            "those off, or use accumulate_steps=1.")
+    if steps > 1 and not config.has_parameter_updates:
+        raise ParallelizeError(
+            f"accumulate_steps={steps} needs a training model (param_update_builder_fun or "
+            "optimizer_builder_fun).")
+
+
+def check_compression(config: ParallelConfig) -> None:
+    """``gradient_dtype``: None, "float16" or "bfloat16"; error feedback needs one."""
+    if config.gradient_dtype not in (None, "float16", "bfloat16"):
+        raise ParallelizeError(
+            f"gradient_dtype must be None (float32 gradients, as Caffe2), 'float16' or "
+            f"'bfloat16', got {config.gradient_dtype!r}.")
+    if not isinstance(config.gradient_error_feedback, bool):
+        raise ParallelizeError(
+            f"gradient_error_feedback must be a bool, got {config.gradient_error_feedback!r}.")
+    if config.gradient_error_feedback and config.gradient_dtype is None:
+        raise ParallelizeError(
+            "gradient_error_feedback=True needs gradient_dtype='float16' or 'bfloat16' (there "
+            "is no quantisation error to carry with float32 gradients).")

@@ -5,8 +5,9 @@ Order (Caffe2's): validate; replicate input+forward per device; group params; th
 pre-gradient transformer; loss gradients and backward pass; the net transformer;
 (forward-only models stop here); combine SpatialBN; group gradients; broadcast computed
 params; all-reduce gradients (reverse param order, or in buckets with
-``gradient_bucket_mb``); shared-model pruning; updates; blobs to
-sync; device checks; initial sync; post-sync builder; memory passes; lifecycle nets; barrier;
+``gradient_bucket_mb``; cast around the collective with ``gradient_dtype``); shared-model
+pruning; updates; blobs to sync; device checks; initial sync; post-sync builder; gradient
+accumulation (``accumulate_steps``: the sync phase moves into an If); memory passes; lifecycle nets; barrier;
 shared-model remapping.  On any error the model is restored exactly as it was.
 
 To add a pass, define it with :func:`~dpgraph.parallel.passes.parallel_pass` (its contract)
@@ -19,8 +20,10 @@ import logging
 from typing import Any
 
 from dpgraph.parallel import grouping, memory, multihost, replicate, shared_model, sync
+from dpgraph.parallel.accumulate import accumulate_gradients, mark_sync_phase
 from dpgraph.parallel.allreduce import allreduce_single_host, broadcast_computed_params
 from dpgraph.parallel.buckets import Reducer, reduce_in_buckets
+from dpgraph.parallel.compress import compressing
 from dpgraph.parallel.config import ParallelConfig
 from dpgraph.parallel.passes import Pass, parallel_pass, run_passes
 from dpgraph.parallel.spatial_bn import combine_spatial_bn
@@ -111,8 +114,10 @@ def _broadcast_computed_params(state: ParallelState) -> None:
 
 
 def gradient_reducer(state: ParallelState) -> Reducer:
-    """The per-blob reducer of this configuration: across hosts, or on this host."""
-    return multihost.allreduce if state.config.is_multi_host else allreduce_single_host
+    """The per-blob reducer of this configuration: across hosts, or on this host; with
+    ``gradient_dtype``, compressed around the collective."""
+    reducer = multihost.allreduce if state.config.is_multi_host else allreduce_single_host
+    return reducer if state.config.gradient_dtype is None else compressing(reducer)
 
 
 @parallel_pass(reads=("grouped", "grad_names", "blob_to_device", "config"),
@@ -218,10 +223,11 @@ BUILD_PASSES: tuple[Pass, ...] = (
 FORWARD_ONLY_PASSES: tuple[Pass, ...] = (_infer_devices, _lifecycle_nets)
 #: Then, for a training model.
 TRAINING_PASSES: tuple[Pass, ...] = (
-    _combine_spatial_bn, _group_gradients, _infer_devices, _broadcast_computed_params,
-    _reduce_gradients, _reduce_gradients_in_buckets, _prune_shared,
-    _add_updates, sync.register_blobs_to_sync, _infer_devices, _check_operators,
-    sync.add_initial_sync, _post_sync, _optimize_gradient_memory, _dynamic_memory_management,
+    _combine_spatial_bn, _group_gradients, _infer_devices, mark_sync_phase,
+    _broadcast_computed_params, _reduce_gradients, _reduce_gradients_in_buckets,
+    _prune_shared, _add_updates, sync.register_blobs_to_sync, _infer_devices,
+    _check_operators, sync.add_initial_sync, _post_sync, accumulate_gradients,
+    _optimize_gradient_memory, _dynamic_memory_management,
     _lifecycle_nets, _barrier, _remap_shared,
 )
 

@@ -40,6 +40,8 @@ class ParallelState:
     finished: bool = False
     #: the multi-host broadcast context, reused by later syncs (``model._broadcast_context``)
     broadcast_context: Any = None
+    #: accumulate_steps > 1: index of the first main-net op of the synchronisation phase
+    accumulate_split: int | None = None
     #: further model attributes to publish (``model.<name> = value``), in order
     model_attrs: dict[str, Any] = field(default_factory=dict)
 
