@@ -26,7 +26,6 @@ from dpgraph.runtime.api import (
     GlobalInit,
     HasBlob,
     InferShapesAndTypes,
-    IsImmediate,
     Nets,
     RegisteredOperators,
     ResetBlob,
@@ -38,8 +37,6 @@ from dpgraph.runtime.api import (
     RunOperatorsOnce,
     RunPlan,
     SerializeBlob,
-    StartImmediate,
-    StopImmediate,
     StringifyBlobName,
     StringifyNetName,
     StringifyProto,
@@ -63,7 +60,18 @@ from dpgraph.runtime.devices import (
     NumGpuDevices,
     SetVirtualGpus,
 )
+from dpgraph.runtime.immediate import (
+    FeedImmediate,
+    FetchImmediate,
+    ImmediateBlobs,
+    IsImmediate,
+    RunOperatorImmediate,
+    StartImmediate,
+    StopImmediate,
+    immediate_root_folder,
+)
 from dpgraph.runtime.net_transforms import ApplyTransform, ApplyTransformIfFaster
+from dpgraph.runtime.op_cost import GetOperatorCost
 from dpgraph.runtime.workspace import Workspace
 
 GpuDeviceType = CUDA
@@ -76,12 +84,15 @@ def __getattr__(name: str) -> Any:
         return _devices.NumGpuDevices() > 0
     if name == "has_hip_support":
         return False
+    if name == "_immediate_root_folder":
+        return immediate_root_folder()
     raise AttributeError(f"module 'dpgraph.workspace' has no attribute {name!r}")
 
 
 __all__ = [
     "ApplyTransform", "ApplyTransformIfFaster", "C", "FillRandomNetworkInputs",
-    "GetBlobSizeBytes", "RunPlanInBackground",
+    "GetBlobSizeBytes", "GetOperatorCost", "RunPlanInBackground", "FeedImmediate",
+    "FetchImmediate", "ImmediateBlobs", "RunOperatorImmediate",
     "BenchmarkNet", "Blobs", "CreateBlob", "FetchInt8Blob", "GetGPUMemoryInfo", "IsImmediate",
     "StartImmediate", "StopImmediate", "CreateNet", "CurrentWorkspace", "DeserializeBlob",
     "FeedBlob", "FetchBlob", "FetchBlobs", "GetCUDAVersion", "GetCuDNNVersion",

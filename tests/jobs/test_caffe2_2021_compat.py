@@ -123,3 +123,48 @@ def test_apply_transform_conv_to_nnpack() -> None:
                                               warmup_runs=1, main_runs=2)
     assert [op.type for op in chosen.op] == ["Conv", "Relu"]
     assert issubclass(WorkspaceError, RuntimeError)
+
+
+def test_operator_cost_of_conv_and_fc() -> None:
+    import pytest
+
+    from dpgraph import workspace
+
+    op = core.CreateOperator("Conv2D", ["k_cx", "k_cw"], ["k_cy"], stride_h=1, stride_w=1,
+                             pad_t=1, pad_l=1, pad_b=1, pad_r=1, kernel=3)
+    workspace.FeedBlob("k_cx", np.zeros((1, 8, 8, 8)))
+    workspace.FeedBlob("k_cw", np.zeros((1, 1, 3, 3)))
+    cost = workspace.GetOperatorCost(op.SerializeToString(), ["k_cx", "k_cw"])
+    assert tuple(cost) == (1152, 256, 4168) and cost.flops == 1152
+    workspace.FeedBlob("k_fx", np.zeros((4, 6), np.float32))
+    workspace.FeedBlob("k_fw", np.zeros((3, 6), np.float32))
+    fc = core.CreateOperator("FC", ["k_fx", "k_fw", "k_fb"], ["k_fy"])
+    assert tuple(workspace.GetOperatorCost(fc, ["k_fx", "k_fw"])) == (
+        4 * 3 * 13, 4 * 3 * 4, (6 * 7 + 3) * 4)
+    with pytest.raises(RuntimeError, match="no cost inference"):
+        workspace.GetOperatorCost(core.CreateOperator("Relu", ["k_fx"], ["k_fr"]), ["k_fx"])
+
+
+def test_immediate_mode_workspace() -> None:
+    import os
+
+    import pytest
+
+    from dpgraph import workspace
+
+    workspace.StartImmediate(i_know=True)
+    try:
+        assert workspace.IsImmediate()
+        root = workspace._immediate_root_folder
+        assert os.path.isdir(root)
+        workspace.RunOperatorImmediate(
+            core.CreateOperator("ConstantFill", [], "k_imm", shape=[2], value=1.5))
+        assert "k_imm" in workspace.ImmediateBlobs() and not workspace.HasBlob("k_imm")
+        assert workspace.FeedImmediate("k_imm", np.full(2, 2.0, np.float32))
+        np.testing.assert_array_equal(workspace.FetchImmediate("k_imm"), [2.0, 2.0])
+    finally:
+        workspace.StopImmediate()
+    assert not workspace.IsImmediate() and workspace._immediate_root_folder == ""
+    assert not os.path.exists(root)
+    with pytest.raises(RuntimeError):
+        workspace.FetchImmediate("k_imm")
