@@ -36,6 +36,23 @@ def _op_style(op: caffe2_pb2.OperatorDef) -> str:
     return _GRAD_STYLE if op.is_gradient_op else _OP_STYLE
 
 
+def _step_net_lines(index: int, op: caffe2_pb2.OperatorDef) -> list[str]:
+    """A dotted cluster per non-empty nested net argument (RecurrentNetwork step nets,
+    If/While bodies), its ops chained in order, linked from the op's node."""
+    lines: list[str] = []
+    for arg in op.arg:
+        if not arg.HasField("n") or not arg.n.op:
+            continue
+        prefix = f"op{index}_{arg.name}"
+        lines.append(f"  subgraph cluster_{prefix} {{ label={_quote(arg.name)}; style=dotted;")
+        lines.extend(f"    {prefix}_{k} [label={_quote(inner.type)}, {_op_style(inner)}];"
+                     for k, inner in enumerate(arg.n.op))
+        lines.append("  }")
+        lines.extend(f"  {prefix}_{k} -> {prefix}_{k + 1};" for k in range(len(arg.n.op) - 1))
+        lines.append(f"  op{index} -> {prefix}_0 [style=dotted, arrowhead=none];")
+    return lines
+
+
 def to_dot(net: Any, cluster_by_device: bool = True, show_blobs: bool = True,
            rankdir: str = "TB", max_label: int = 40) -> str:
     """DOT text for ``net`` (a Net or NetDef).
@@ -88,6 +105,8 @@ def to_dot(net: Any, cluster_by_device: bool = True, show_blobs: bool = True,
     for (name, _), node in blobs.items():
         label = name if len(name) <= max_label else "…" + name[-max_label:]
         lines.append(f"  {node} [label={_quote(label)}, {_BLOB_STYLE}];")
+    for index, op in enumerate(proto.op):
+        lines.extend(_step_net_lines(index, op))
     lines.extend(f"  {edge}" for edge in edges)
     lines.append("}")
     return "\n".join(lines) + "\n"

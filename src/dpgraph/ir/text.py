@@ -273,8 +273,24 @@ def format_net(net: Any) -> str:
         lines.append("input " + " ".join(map(_name, proto.external_input)))
     if proto.external_output:
         lines.append("output " + " ".join(map(_name, proto.external_output)))
-    lines.extend(format_op(op) for op in proto.op)
+    for op in proto.op:
+        lines.append(format_op(op))
+        lines.extend(_nested_net_comments(op))
     return "\n".join(lines) + "\n"
+
+
+def _nested_net_comments(op: caffe2_pb2.OperatorDef, depth: int = 1) -> list[str]:
+    """A readable rendering of the op's nested nets (RecurrentNetwork step nets, If/While
+    bodies) as ``#`` comment lines under it; the op line's ``$net`` value stays the
+    lossless record, so parsing ignores these lines."""
+    lines = []
+    for argument in op.arg:
+        nets = [argument.n] if argument.HasField("n") else list(argument.nets)
+        for nested in nets:
+            pad = "#" + "  " * depth
+            lines.append(f"{pad}{argument.name}:")
+            lines.extend(pad + "  " + line for line in format_net(nested).splitlines())
+    return lines
 
 
 def parse_net(text: str) -> caffe2_pb2.NetDef:
