@@ -321,11 +321,12 @@ def _f32(x: Any, like: Any) -> Any:
 def adagrad(ctx: OpContext) -> Outputs:
     """[param, moment, grad, lr] -> [param, moment(, effective_lr, update)].
 
-    h' = decay·h + g², w' = w + lr·g / (sqrt(h') + epsilon).
+    g' = g + weight_decay·w, h' = decay·h + g'², w' = w + lr·g' / (sqrt(h') + epsilon).
     """
     check_same_shape(ctx, 0, 1, 2)
     w, h, g, lr = ctx.inputs
     eps, decay = ctx.float_arg("epsilon", 1e-5), ctx.float_arg("decay", 1.0)
+    g = g + ctx.float_arg("weight_decay", 0.0) * w
     new_h = _f32(decay * h + g * g, h)
     effective = scalar_value(lr) / (np.sqrt(new_h) + eps)
     update = _f32(effective * g, w)
@@ -333,42 +334,66 @@ def adagrad(ctx: OpContext) -> Outputs:
     return outs[:ctx.num_outputs]
 
 
-@register_op("SparseAdagrad", inputs=5, outputs=2, inplace=[(0, 0), (1, 1)],
+def _row_weight_decay(ctx: OpContext, idx: Any, rows: Any) -> Any:
+    """Per indexed position, the weight decay shaped to broadcast over a row:
+    ``weight_decay``, scaled by ``counter_halflife / count[row]`` where the optional
+    ``count`` input (6th) is positive and ``counter_halflife`` > 0."""
+    wd = ctx.float_arg("weight_decay", 0.0)
+    per_row = np.full(idx.size, wd, dtype=np.float64)
+    halflife = ctx.float_arg("counter_halflife", -1.0)
+    if len(ctx.inputs) > 5 and halflife > 0 and idx.size:
+        count = np.asarray(host(ctx.inputs[5]), dtype=np.float64).reshape(-1)
+        if count.size != ctx.inputs[0].shape[0]:
+            raise ctx.fail(f"count must hold one entry per row ({ctx.inputs[0].shape[0]}), "
+                           f"got {count.size}")
+        seen = count[idx]
+        scaled = np.divide(wd * halflife, seen, out=per_row.copy(), where=seen > 0)
+        per_row = np.where(seen > 0, scaled, per_row)
+    return per_row.reshape((-1,) + (1,) * (np.ndim(rows) - 1))
+
+
+@register_op("SparseAdagrad", inputs=(5, 6), outputs=2, inplace=[(0, 0), (1, 1)],
              shape=like_inputs(0, 1))
 def sparse_adagrad(ctx: OpContext) -> Outputs:
-    """[param, moment, indices, grad, lr] -> [param, moment], rows only (no decay)."""
-    w, h, indices, g, lr = ctx.inputs
+    """[param, moment, indices, grad, lr(, count)] -> [param, moment], rows only (no
+    decay); g' = g + weight_decay·w per indexed row (see :func:`_row_weight_decay`)."""
+    w, h, indices, g, lr = ctx.inputs[:5]
     idx, rows = _rows_of(ctx, w, indices, g)
     eps, rate = ctx.float_arg("epsilon", 1e-5), scalar_value(lr)
     new_w, new_h = writable(ctx, w, 0, 0), writable(ctx, h, 1, 1)
+    wd = _row_weight_decay(ctx, idx, rows)
     for layer in occurrence_layers(idx):
-        r, gi = idx[layer], rows[layer]
+        r = idx[layer]
+        gi = rows[layer] + wd[layer] * new_w[r]
         hi = _f32(new_h[r] + gi * gi, h)
         new_h[r] = hi
         new_w[r] += _f32(rate * gi / (np.sqrt(hi) + eps), w)
     return new_w, new_h
 
 
-@register_op("RowWiseSparseAdagrad", inputs=5, outputs=2, inplace=[(0, 0), (1, 1)],
+@register_op("RowWiseSparseAdagrad", inputs=(5, 6), outputs=2, inplace=[(0, 0), (1, 1)],
              shape=like_inputs(0, 1))
 def row_wise_sparse_adagrad(ctx: OpContext) -> Outputs:
-    """[param, moment (one per row), indices, grad, lr] -> [param, moment].
+    """[param, moment (one per row), indices, grad, lr(, count)] -> [param, moment].
 
-    h[r] += mean(g_r²), w[r] += lr·g_r / (sqrt(h[r]) + epsilon).
+    g'_r = g_r + wd·w_r (see :func:`_row_weight_decay`), h[r] += mean(g'_r²),
+    w[r] += lr·g'_r / (sqrt(h[r]) + epsilon).
     """
-    w, h, indices, g, lr = ctx.inputs
+    w, h, indices, g, lr = ctx.inputs[:5]
     idx, rows = _rows_of(ctx, w, indices, g)
     if np.shape(h)[:1] != w.shape[:1]:
         raise ctx.fail(f"moment must have one entry per row ({w.shape[0]}), got {np.shape(h)}")
     eps, rate = ctx.float_arg("epsilon", 1e-5), scalar_value(lr)
     new_w, new_h = writable(ctx, w, 0, 0), writable(ctx, h, 1, 1)
-    flat = rows.reshape(idx.size, int(np.prod(rows.shape[1:], dtype=np.int64)))
+    wd = _row_weight_decay(ctx, idx, rows)
     for layer in occurrence_layers(idx):
         r = idx[layer]
-        hi = _f32(new_h[r] + (flat[layer] ** 2).mean(axis=1), h)
+        gi = rows[layer] + wd[layer] * new_w[r]
+        flat = gi.reshape(gi.shape[0], -1)
+        hi = _f32(new_h[r] + (flat ** 2).mean(axis=1), h)
         new_h[r] = hi
         step = (rate / (np.sqrt(hi) + eps)).reshape((-1,) + (1,) * (rows.ndim - 1))
-        new_w[r] += _f32(rows[layer] * step, w)
+        new_w[r] += _f32(gi * step, w)
     return new_w, new_h
 
 
@@ -378,6 +403,20 @@ def _adam_args(ctx: OpContext, iteration: Any) -> tuple[float, float, float, flo
     t = int(scalar_value(iteration)) + 1
     correction = np.sqrt(1 - beta2 ** t) / (1 - beta1 ** t)
     return beta1, beta2, ctx.float_arg("epsilon", 1e-5), float(correction)
+
+
+def _radam_step(ctx: OpContext, iteration: Any) -> tuple[bool, float]:
+    """RAdam at t = iter + 1: ``(True, r)`` when rho_t >= 5 (step r·c·m'/(sqrt(v')+eps)),
+    else ``(False, 1/(1-beta1^t))`` (step m'/(1-beta1^t))."""
+    beta1, beta2 = ctx.float_arg("beta1", 0.9), ctx.float_arg("beta2", 0.999)
+    t = int(scalar_value(iteration)) + 1
+    rho_inf = 2.0 / (1.0 - beta2) - 1.0
+    rho_t = rho_inf - 2.0 * t * beta2 ** t / (1.0 - beta2 ** t)
+    if rho_t >= 5.0:
+        r = np.sqrt((rho_t - 4) * (rho_t - 2) / rho_t) * np.sqrt(
+            rho_inf / ((rho_inf - 4) * (rho_inf - 2)))
+        return True, float(r)
+    return False, 1.0 / (1.0 - beta1 ** t)
 
 
 @register_op("Adam", inputs=6, outputs=(3, 4), inplace=[(0, 0), (1, 1), (2, 2)],
@@ -397,10 +436,13 @@ def adam(ctx: OpContext) -> Outputs:
 @register_op("SparseAdam", inputs=7, outputs=(3, 4), inplace=[(0, 0), (1, 1), (2, 2)],
              shape=like_inputs(0, 1, 2))
 def sparse_adam(ctx: OpContext) -> Outputs:
-    """[param, m1, m2, indices, grad, lr, iter] -> [param, m1, m2], rows only."""
+    """[param, m1, m2, indices, grad, lr, iter] -> [param, m1, m2], rows only.
+
+    With ``enableRAdam`` the step is rectified (:func:`_radam_step`)."""
     w, m1, m2, indices, g, lr, iteration = ctx.inputs
     idx, rows = _rows_of(ctx, w, indices, g)
     beta1, beta2, eps, corr = _adam_args(ctx, iteration)
+    radam = _radam_step(ctx, iteration) if ctx.int_arg("enableRAdam", 0) else None
     new_w, new_m1, new_m2 = (writable(ctx, v, i, i) for i, v in enumerate((w, m1, m2)))
     steps = np.zeros_like(rows)
     for layer in occurrence_layers(idx):
@@ -408,7 +450,12 @@ def sparse_adam(ctx: OpContext) -> Outputs:
         mi = _f32(new_m1[r] * beta1 + gi * (1 - beta1), m1)
         vi = _f32(new_m2[r] * beta2 + gi * gi * (1 - beta2), m2)
         new_m1[r], new_m2[r] = mi, vi
-        steps[layer] = corr * mi / (np.sqrt(vi) + eps)
+        if radam is None:
+            steps[layer] = corr * mi / (np.sqrt(vi) + eps)
+        elif radam[0]:
+            steps[layer] = radam[1] * corr * mi / (np.sqrt(vi) + eps)
+        else:
+            steps[layer] = radam[1] * mi
         new_w[r] += _f32(scalar_value(lr) * steps[layer], w)
     return [new_w, new_m1, new_m2, steps][:ctx.num_outputs]
 
@@ -433,6 +480,15 @@ def row_wise_sparse_adam(ctx: OpContext) -> Outputs:
     return [new_w, new_m1, new_m2, steps][:ctx.num_outputs]
 
 
+def _adadelta_args(ctx: OpContext) -> None:
+    """Caffe2's checks: 0 < decay < 1 and epsilon >= 0."""
+    eps, decay = ctx.float_arg("epsilon", 1e-5), ctx.float_arg("decay", 0.95)
+    if not 0.0 < decay < 1.0:
+        raise ctx.fail(f"decay must be in (0, 1), got {decay}")
+    if eps < 0.0:
+        raise ctx.fail(f"epsilon must be >= 0, got {eps}")
+
+
 def _adadelta_step(w: Any, h: Any, d: Any, g: Any, ctx: OpContext, lr: float) -> tuple:
     eps, decay = ctx.float_arg("epsilon", 1e-5), ctx.float_arg("decay", 0.95)
     new_h = _f32(decay * h + (1 - decay) * g * g, h)
@@ -445,6 +501,7 @@ def _adadelta_step(w: Any, h: Any, d: Any, g: Any, ctx: OpContext, lr: float) ->
 def adadelta(ctx: OpContext) -> Outputs:
     """[param, moment, moment_delta, grad, lr] -> [param, moment, moment_delta]."""
     check_same_shape(ctx, 0, 1, 2, 3)
+    _adadelta_args(ctx)
     w, h, d, g, lr = ctx.inputs
     return _adadelta_step(w, h, d, g, ctx, scalar_value(lr))
 
@@ -453,6 +510,7 @@ def adadelta(ctx: OpContext) -> Outputs:
              shape=like_inputs(0, 1, 2))
 def sparse_adadelta(ctx: OpContext) -> Outputs:
     """[param, moment, moment_delta, indices, grad, lr] -> the same three, rows only."""
+    _adadelta_args(ctx)
     w, h, d, indices, g, lr = ctx.inputs
     idx, rows = _rows_of(ctx, w, indices, g)
     new = [writable(ctx, v, i, i) for i, v in enumerate((w, h, d))]
@@ -484,14 +542,16 @@ def wngrad(ctx: OpContext) -> Outputs:
 @register_op("SparseWngrad", inputs=5, outputs=2, inplace=[(0, 0), (1, 1)],
              shape=like_inputs(0, 1))
 def sparse_wngrad(ctx: OpContext) -> Outputs:
-    """[param, seq_b, indices, grad, lr] -> [param, seq_b]; seq_b is one global scalar."""
+    """[param, seq_b, indices, grad, lr] -> [param, seq_b]; seq_b is one global scalar.
+
+    w[r] += lr·g_r / (b + epsilon), b' = b + Σg² / b (no epsilon there, as Caffe2)."""
     w, b, indices, g, lr = ctx.inputs
     idx, rows = _rows_of(ctx, w, indices, g)
     eps, b0 = ctx.float_arg("epsilon", 1e-5), scalar_value(b)
     new_w = writable(ctx, w, 0, 0)
     if idx.size:
         np.add.at(new_w, idx, _f32(scalar_value(lr) * rows / (b0 + eps), w))
-    new_b = b0 + float((rows.astype(np.float64) ** 2).sum()) / (b0 + eps)
+    new_b = b0 + float((rows.astype(np.float64) ** 2).sum()) / b0
     return new_w, _f32(np.full(np.shape(b), new_b), b)
 
 
