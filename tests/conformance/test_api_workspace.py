@@ -269,8 +269,12 @@ def test_root_folder(tmp_path: object) -> None:
 def test_immediate_and_memory_helpers() -> None:
     assert workspace.IsImmediate() is False
     assert workspace.StopImmediate() is None
-    with pytest.raises(NotImplementedError):
-        workspace.StartImmediate()
+    workspace.StartImmediate(i_know=True)
+    try:
+        assert workspace.IsImmediate() is True
+    finally:
+        workspace.StopImmediate()
+    assert workspace.IsImmediate() is False
     workspace.SetVirtualGpus(2)
     info = workspace.GetGPUMemoryInfo()
     assert info["total_by_gpu"] == [0, 0] and info["total"] == 0
