@@ -44,12 +44,15 @@ def round_to_bfloat16(values: np.ndarray) -> np.ndarray:
     """float32 ``values`` rounded to bfloat16 (nearest, ties to even), as float32 whose low
     16 bits are zero; NaN stays (a quiet) NaN, +-inf stay infinite."""
     x = np.ascontiguousarray(values, dtype=np.float32)
-    bits = x.view(np.uint32).astype(np.uint64)
-    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    bits = x.view(np.uint32)
+    rounded = (bits >> 16) & 1  # ties go to the even upper half
+    rounded += 0x7FFF
+    rounded += bits  # no finite value or infinity wraps (only NaN patterns, replaced below)
+    rounded &= 0xFFFF0000
     nan = np.isnan(x)
     if nan.any():
-        rounded = np.where(nan, (bits | 0x00400000) & 0xFFFF0000, rounded)
-    return rounded.astype(np.uint32).view(np.float32).reshape(x.shape)
+        rounded[nan] = (bits[nan] | 0x00400000) & 0xFFFF0000
+    return rounded.view(np.float32).reshape(x.shape)
 
 
 def quantize(values: np.ndarray, dtype: str) -> np.ndarray:
