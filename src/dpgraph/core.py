@@ -38,6 +38,7 @@ from dpgraph.ir.transforms import (
     InjectDeviceCopiesAmongNetsWithoutB2D,
 )
 from dpgraph.proto import caffe2_pb2
+from dpgraph.runtime import c_api as C  # Caffe2's core.C: the C extension module
 from dpgraph.runtime.c_api import (
     SetEnginePref,
     SetGlobalEnginePref,
@@ -118,6 +119,7 @@ def GlobalInit(args: list[str]) -> bool:
 
 
 __all__ = [
+    "C",
     "ExecutionStep", "Plan", "add_nets_in_order", "execution_step", "scoped_execution_step",
     "to_execution_step",
     "BlobReference", "CreateOperator", "CreatePythonOperator", "DataType", "DeviceOption",

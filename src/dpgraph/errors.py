@@ -145,6 +145,12 @@ class NotSupportedError(DpgraphError, NotImplementedError):
     """A feature combination dpgraph does not support; the message says what to use."""
 
 
+class UntrustedInputError(DpgraphError, PermissionError):
+    """A file or peer asks to run code (a pickled Python builder) the caller has not chosen
+    to trust; opt in with dpgraph.ir.python_funcs.allow_untrusted_pickles() or
+    DPGRAPH_TRUST_PICKLES=1 (see docs/security.md)."""
+
+
 class MemongerError(DpgraphError, AssertionError):
     """Memory optimisation would change the graph's meaning."""
 

@@ -75,7 +75,7 @@ def DeviceScope(
     ``extra_info`` entries are appended and the list sorted, as in late Caffe2.
     """
     new_scope = caffe2_pb2.DeviceOption()
-    if scope is not None:
+    if scope:  # Caffe2 tests truthiness: DeviceScope(0, node_name=...) sets only the node
         if not isinstance(scope, caffe2_pb2.DeviceOption):
             raise ScopeError(
                 f"DeviceScope takes a caffe2_pb2.DeviceOption, got {type(scope).__name__}; "
