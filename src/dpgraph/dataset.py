@@ -1,5 +1,5 @@
 """Caffe2's ``dataset``: in-memory datasets of schema columns."""
 
-from dpgraph.jobs.dataset import Dataset
+from dpgraph.jobs.dataset import Const, Dataset
 
-__all__ = ["Dataset"]
+__all__ = ["Const", "Dataset"]

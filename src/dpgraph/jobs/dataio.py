@@ -55,6 +55,20 @@ class Reader:
             fields = from_blob_list(self._schema, fields)
         return should_stop, fields
 
+    def execution_step(self, reader_net_name: str | None = None,
+                       external_should_stop: Any = None) -> tuple[Any, Any]:
+        """``(read_step, fields)``: a step running a new net of this reader's read ops,
+        stopping at the end of the data (or when ``external_should_stop`` is set)."""
+        from dpgraph.ir.plan import execution_step
+
+        reader_net = Net(reader_net_name or "reader")
+        should_stop, fields = self.read_record(reader_net)
+        if external_should_stop is not None:
+            should_stop = reader_net.Or([external_should_stop, should_stop])
+        read_step = execution_step(f"{reader_net_name}_step", reader_net,
+                                   should_stop_blob=should_stop)
+        return read_step, fields
+
 
 class Writer:
     """Writes records: ``write(net, fields)`` adds the ops that store them."""

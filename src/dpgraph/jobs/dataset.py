@@ -46,6 +46,69 @@ class _DatasetReader(Reader):
         net.ResetCursor([self.cursor], [])
 
 
+class _DatasetRandomReader(Reader):
+    """Reads records in the order of an index blob (``indices``, or one made by
+    ``sort_and_shuffle``), through the offsets ``computeoffset`` computes."""
+
+    def __init__(self, dataset: Dataset, name: str | None, indices: Any,
+                 batch_size: int = 1, loop_over: bool = False,
+                 enforce_batch_size: bool = False) -> None:
+        Reader.__init__(self, dataset.content())
+        self.dataset = dataset
+        self.cursor: Any = None
+        self.name = name or (dataset.name + "_cursor")
+        self.indices = indices
+        self.batch_size = batch_size
+        self.loop_over = loop_over
+        self.enforce_batch_size = enforce_batch_size
+        self.offsets: Any = None
+
+    def setup_ex(self, init_net: Any, exit_net: Any) -> None:
+        if self.cursor is None:
+            self.cursor = init_net.CreateTreeCursor(
+                [], init_net.NextScopedBlob(self.name), fields=self.dataset.fields)
+
+    def reset(self, net: Any) -> None:
+        net.ResetCursor([self.cursor], [])
+
+    def computeoffset(self, net: Any) -> None:
+        """Add to ``net`` the op computing every record's offsets (needed by ``read``)."""
+        self.reset(net)
+        self.offsets = net.ComputeOffset(
+            [self.cursor] + self.dataset.content().field_blobs(), "offsets")
+
+    def sort_and_shuffle(self, net: Any, sort_by_field: str | None = None,
+                         shuffle_size: int = 1, batch_size: int = 1) -> None:
+        """Add to ``net`` the op making the reading order: sorted by the root-level column
+        ``sort_by_field`` (none by default), shuffled by chunks and batches."""
+        content = self.dataset.content()
+        sort_by_field_idx = -1
+        if sort_by_field:
+            if sort_by_field not in content.field_names():
+                raise NetError(f"Must be valid field: {sort_by_field!r} is not one of "
+                               f"{content.field_names()}.")
+            sort_by_field_idx = content.field_names().index(sort_by_field)
+        self.reset(net)
+        self.indices = net.SortAndShuffle(
+            [self.cursor] + content.field_blobs(), "indices",
+            sort_by_field_idx=sort_by_field_idx, shuffle_size=shuffle_size,
+            batch_size=batch_size)
+
+    def read(self, read_net: Any) -> tuple[Any, Any]:
+        for ready, what in ((self.cursor, "setup_ex"), (self.indices, "sort_and_shuffle"),
+                            (self.offsets, "computeoffset")):
+            if ready is None:
+                raise NetError(f"{what} not called.")
+        content = self.dataset.content()
+        with NameScope(read_net.NextName(self.name)):
+            fields = read_net.ReadRandomBatch(
+                [self.cursor, self.indices, self.offsets] + content.field_blobs(),
+                content.field_names(), batch_size=self.batch_size,
+                enforce_batch_size=self.enforce_batch_size, loop_over=self.loop_over)
+            fields = output_to_list(fields)
+            return read_net.IsEmpty([fields[0]]), fields
+
+
 class _DatasetWriter(Writer):
     """Appends records to the dataset's blobs under a mutex (made by ``setup_ex``)."""
 
@@ -116,6 +179,25 @@ class Dataset:
             reader.setup_ex(init_net, None)
         return reader
 
+    def random_reader(self, init_net: Any = None, indices: Any = None,
+                      cursor_name: str | None = None, batch_size: int = 1,
+                      loop_over: bool = False, enforce_batch_size: bool = False
+                      ) -> _DatasetRandomReader:
+        """A reader following the order in ``indices`` (or, after ``sort_and_shuffle``, its
+        own); call ``computeoffset`` on the reader before reading."""
+        if self.field_blobs is None:
+            raise NetError("Dataset not initialized.")
+        reader = _DatasetRandomReader(self, cursor_name, indices, batch_size, loop_over,
+                                      enforce_batch_size)
+        if init_net is not None:
+            reader.setup_ex(init_net, None)
+        return reader
+
+    def trim(self, net: Any, multiple_of: int) -> None:
+        """Add to ``net`` the op keeping a multiple of ``multiple_of`` records."""
+        net.TrimDataset(self.field_blobs, self.field_blobs, fields=self.fields,
+                        multiple_of=multiple_of)
+
     def writer(self, init_net: Any = None) -> _DatasetWriter:
         """A writer appending records to the dataset."""
         if self.field_blobs is None:
@@ -126,4 +208,19 @@ class Dataset:
         return writer
 
 
-__all__ = ["Dataset"]
+def Const(net: Any, value: Any, dtype: Any = None, name: str | None = None) -> Any:
+    """A "constant": a new external input of ``net`` (named after ``name``) fed with
+    ``np.array(value, dtype)`` in the current workspace now."""
+    import numpy as np
+
+    from dpgraph.ir.net import Net
+    from dpgraph.runtime import api
+
+    if not isinstance(net, Net):
+        raise NetError(f"net must be a core.Net instance, got {type(net).__name__}.")
+    blob = net.AddExternalInput(net.NextName(prefix=name))
+    api.FeedBlob(str(blob), np.array(value, dtype=dtype))
+    return blob
+
+
+__all__ = ["Const", "Dataset"]

@@ -213,3 +213,8 @@ def is_empty(ctx: OpContext) -> Outputs:
 for _type in ("CreateTreeCursor", "ResetCursor", "ReadNextBatch", "CheckDatasetConsistency",
               "AtomicAppend", "IsEmpty"):
     register_gradient(_type)(no_gradient)
+
+
+# whole-record ops (PackRecords, TrimDataset, random reads, collectors) register with this
+# family
+from dpgraph.ops import dataset_records  # noqa: E402,F401
