@@ -300,14 +300,27 @@ def _roi_pool_torch(feat: Any, rois: np.ndarray, scale: float, pooled: int) -> A
 def torch_forward(spec: Spec, params: dict[str, Any], feeds: dict[str, np.ndarray]) -> dict:
     """The same model in torch (float64): every named activation and loss."""
     import torch
-    import torch.nn.functional as F
 
     t = {k: torch.as_tensor(v) for k, v in feeds.items()}
     acts: dict[str, Any] = {}
+    body = _torch_body(spec, params, t, acts)
+    fpn = _torch_fpn_rpn(spec, params, t, body, acts)
+    _torch_head(spec, params, t, feeds["rois"], fpn[0], acts)
+    return acts
+
+
+def _torch_affine(params: dict[str, Any], x: Any, prefix: str) -> Any:
+    return x * params[prefix + "_s"][None, :, None, None] + \
+        params[prefix + "_b"][None, :, None, None]
+
+
+def _torch_body(spec: Spec, params: dict[str, Any], t: dict[str, Any],
+                acts: dict[str, Any]) -> list[Any]:
+    """The ResNet body: the output of every stage (stage 2 detached, as StopGradient)."""
+    import torch.nn.functional as F
 
     def affine(x: Any, prefix: str) -> Any:
-        return x * params[prefix + "_s"][None, :, None, None] + \
-            params[prefix + "_b"][None, :, None, None]
+        return _torch_affine(params, x, prefix)
 
     x = affine(F.conv2d(t["data"], params["conv1_w"], stride=2, padding=3), "res_conv1_bn")
     x = F.max_pool2d(F.relu(x), 3, stride=2, padding=1)
@@ -330,6 +343,14 @@ def torch_forward(spec: Spec, params: dict[str, Any], feeds: dict[str, np.ndarra
         if k == 2:
             x = x.detach()
         body.append(x)
+    return body
+
+
+def _torch_fpn_rpn(spec: Spec, params: dict[str, Any], t: dict[str, Any], body: list[Any],
+                   acts: dict[str, Any]) -> list[Any]:
+    """The FPN levels (returned) and the shared-weight RPN's logits and losses per level."""
+    import torch.nn.functional as F
+
     lv = levels(spec)
     inner = {lv[-1]: F.conv2d(body[-1], params[f"fpn_inner_res{lv[-1]}_sum_w"],
                               params[f"fpn_inner_res{lv[-1]}_sum_b"])}
@@ -355,9 +376,17 @@ def torch_forward(spec: Spec, params: dict[str, Any], feeds: dict[str, np.ndarra
             bbox, t["rpn_bbox_targets_" + s], t["rpn_bbox_inside_weights_" + s],
             t["rpn_bbox_outside_weights_" + s], 1.0 / 9) * spec.loss_scale
         acts["rpn_cls_logits_" + s] = logits
+    return fpn
+
+
+def _torch_head(spec: Spec, params: dict[str, Any], t: dict[str, Any], rois: np.ndarray,
+                finest: Any, acts: dict[str, Any]) -> None:
+    """RoIPoolF on the finest FPN level, the 2-FC head and its classification/box losses."""
+    import torch.nn.functional as F
+
     if spec.roi_method != "RoIPoolF":
         raise ValueError("the torch reference pools with RoIPoolF only")
-    feat = _roi_pool_torch(fpn[0], feeds["rois"], 1.0 / 2 ** lv[0], spec.pooled)
+    feat = _roi_pool_torch(finest, rois, 1.0 / 2 ** levels(spec)[0], spec.pooled)
     acts["roi_feat"] = feat
     fc6 = F.relu(F.linear(feat.reshape(feat.shape[0], -1), params["fc6_w"], params["fc6_b"]))
     fc7 = F.relu(F.linear(fc6, params["fc7_w"], params["fc7_b"]))
@@ -368,7 +397,6 @@ def torch_forward(spec: Spec, params: dict[str, Any], feeds: dict[str, np.ndarra
     bbox = F.linear(fc7, params["bbox_pred_w"], params["bbox_pred_b"])
     acts["loss_bbox"] = _smooth_l1_torch(bbox, t["bbox_targets"], t["bbox_inside_weights"],
                                          t["bbox_outside_weights"], 1.0) * spec.loss_scale
-    return acts
 
 
 def _smooth_l1_torch(pred: Any, target: Any, inside: Any, outside: Any, beta: float) -> Any:
