@@ -24,6 +24,7 @@ from dpgraph.ir.blob_serde import (
     parse_serialization_options,
     serialize_blob_chunks,
 )
+from dpgraph.ir.blob_size import estimate_blob_size, estimate_tensor_size
 from dpgraph.ir.device import device_key
 from dpgraph.ir.registry import OPERATORS, register_gradient, register_op
 from dpgraph.ops.context import OpContext, Outputs
@@ -327,9 +328,33 @@ for _name in ("Checkpoint", "Snapshot"):
                 cross_device=True)(_checkpoint)
 
 
+# --- EstimateAllBlobSizes ----------------------------------------------------------------------
+def _estimate_all(ctx: OpContext) -> Outputs:
+    """Names and estimated serialized sizes (bytes) of every blob in the workspace, the two
+    outputs included (sized as the string and int64 tensors they become)."""
+    if ctx.workspace is None:
+        raise ShapeError(ctx.describe("EstimateAllBlobSizes needs a workspace."))
+    outputs = list(ctx.op.output)
+    names = sorted(set(ctx.workspace.blobs()) | set(outputs))
+    options = parse_serialization_options(_raw_arg(ctx, "options"))
+    sizes = []
+    for name in names:
+        entry = options_for(name, options)
+        if name in outputs:
+            dtype = object if name == outputs[0] else np.int64
+            sizes.append(estimate_tensor_size(name, len(names), dtype, entry))
+        else:
+            sizes.append(estimate_blob_size(name, ctx.workspace.get_blob_or_none(name), entry))
+    return (np.array([n.encode("utf-8") for n in names], dtype=object),
+            np.array(sizes, dtype=np.int64))
+
+
+register_op("EstimateAllBlobSizes", inputs=0, outputs=2)(_estimate_all)
+
+
 def _no_gradient(g: Any) -> None:
     """Caffe2's ``NO_GRADIENT``: gradients stop here."""
 
 
-for _op_type in ("Save", "Load", "Checkpoint", "Snapshot"):
+for _op_type in ("Save", "Load", "Checkpoint", "Snapshot", "EstimateAllBlobSizes"):
     register_gradient(_op_type)(_no_gradient)
