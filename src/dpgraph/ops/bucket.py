@@ -16,10 +16,7 @@ reduction over buckets gives bitwise the values of the same reduction blob by bl
 
 from __future__ import annotations
 
-import sys
 from typing import Any
-
-import numpy as np
 
 from dpgraph.ir.registry import register_op
 from dpgraph.ops.context import OpContext, Outputs
@@ -64,8 +61,7 @@ def gradient_bucket_pack(ctx: OpContext) -> Outputs:
             raise ctx.fail(f"input {ctx.input_name(index)!r} is a {type(value).__name__}, not "
                            "a dense tensor; sparse gradients cannot go into a bucket.")
     _check_dtypes(ctx, values, 0)
-    xp = sys.modules["cupy"] if hasattr(values[0], "__cuda_array_interface__") else np
-    return (xp.concatenate([v.reshape(-1) for v in values]),)
+    return (ctx.xp.concatenate([v.reshape(-1) for v in values]),)
 
 
 @register_op("GradientBucketUnpack", inputs=(2, _MAX + 1), outputs=(1, _MAX),
