@@ -211,9 +211,13 @@ def test_operator_error_carries_op_blobs_device_and_cause() -> None:
 
 def test_raw_numpy_failure_gets_a_hint_naming_op_and_blobs() -> None:
     """Kernels without their own checks (here a gradient op fed mismatched blobs) fail inside
-    numpy; the executor's wrapping still names the op, blobs and device and says what to do."""
+    numpy; the executor's wrapping still names the op, blobs and device and says what to do,
+    and types numpy's failure as a ShapeError."""
     feeds = {"y": np.ones((2, 3), F32), "dy": np.ones((5, 7), F32)}
     error = run_failing("ReluGradient", ["y", "dy"], ["dx"], feeds, ValueError,
                         "y ([2, 3] float32 on cpu_0)", "dy ([5, 7] float32 on cpu_0)",
                         "hint:", "forward Relu op", "OPERATORS.lookup('ReluGradient')")
-    assert not isinstance(error.__cause__, ShapeError)
+    # numpy's bare ValueError no longer leaks as the cause: it becomes a ShapeError (that
+    # keeps numpy's error chained for debugging)
+    assert isinstance(error, ShapeError) and isinstance(error.__cause__, ShapeError)
+    assert type(error.__cause__.__cause__) is ValueError

@@ -167,10 +167,16 @@ def file_store(path: str, prefix: str = "", timeout: float = 300.0) -> Any:
     """A store in the file system: ``path`` is a directory (created if missing, as Caffe2's
     FileStoreHandler) holding the store file, or an existing file; ``prefix`` scopes keys."""
     dist = _dist()
-    if os.path.isdir(path) or not os.path.exists(path):
-        os.makedirs(path, exist_ok=True)
-        path = os.path.join(path, "dpgraph.store")
-    store = dist.FileStore(path, -1)
+    try:
+        if os.path.isdir(path) or not os.path.exists(path):
+            os.makedirs(path, exist_ok=True)
+            path = os.path.join(path, "dpgraph.store")
+        store = dist.FileStore(path, -1)
+    except (OSError, RuntimeError) as error:
+        raise RendezvousError(
+            f"FileStore: cannot use {path!r} as the rendezvous store ({error}); pass a "
+            "directory on a file system every rank can write (or an existing store file)."
+        ) from error
     store.set_timeout(_delta(timeout))
     return dist.PrefixStore(prefix + "/", store) if prefix else store
 
@@ -183,6 +189,10 @@ def tcp_store(host: str, port: int, is_master: bool | None = None,
     is already taken (by another rank or by torchrun's agent).
     """
     dist = _dist()
+    if isinstance(port, bool) or not hasattr(type(port), "__index__") or \
+            not 0 <= int(port) <= 65535:
+        raise RendezvousError(f"TCPStore: port must be an int in 0..65535, got {port!r}; pass "
+                              "the port rank 0 serves on (e.g. MASTER_PORT).")
     serve = True if is_master is None else is_master
     try:
         store = dist.TCPStore(host, int(port), world_size, serve, _delta(timeout),

@@ -55,7 +55,18 @@ class OpContext:
         value = self.args.get(name, default)
         if isinstance(value, list) or value is None:
             raise ArgumentError(self.describe(f"argument {name!r} must be an int, got {value!r}"))
-        return int(value)
+        return self._as_int(name, value)
+
+    def _as_int(self, name: str, value: Any) -> int:
+        """``value`` as an int; a string or a float with a fraction raises ArgumentError
+        naming the argument (instead of Python's ValueError, or silent truncation)."""
+        if isinstance(value, (int, np.integer)):
+            return int(value)
+        if isinstance(value, (float, np.floating)) and float(value).is_integer():
+            return int(value)
+        raise ArgumentError(self.describe(
+            f"argument {name!r} must hold integers, got {type(value).__name__} {value!r}; "
+            "pass whole numbers"))
 
     def float_arg(self, name: str, default: float = 0.0) -> float:
         value = self.args.get(name, default)
@@ -65,7 +76,8 @@ class OpContext:
 
     def ints_arg(self, name: str, default: Sequence[int] = ()) -> list[int]:
         value = self.args.get(name, default)
-        return [int(v) for v in (value if isinstance(value, (list, tuple)) else [value])]
+        return [self._as_int(name, v)
+                for v in (value if isinstance(value, (list, tuple)) else [value])]
 
     def floats_arg(self, name: str, default: Sequence[float] = ()) -> list[float]:
         value = self.args.get(name, default)

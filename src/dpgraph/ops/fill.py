@@ -17,6 +17,7 @@ import numpy as np
 
 from dpgraph.errors import ArgumentError
 from dpgraph.ir.arguments import arguments_dict
+from dpgraph.ir.proto_io import check_tensor_size
 from dpgraph.ir.registry import register_gradient, register_op
 from dpgraph.ops._common import to_host
 from dpgraph.ops.context import OpContext, Outputs
@@ -70,8 +71,20 @@ def numpy_dtype(data_type: int, what: str = "dtype") -> Any:
 
 
 # --- output shape ------------------------------------------------------------------------
-def fill_shape(ctx: OpContext) -> tuple[int, ...]:
-    """The output shape of a filler op (Caffe2 ``FillerOp`` rules)."""
+def fill_shape(ctx: OpContext, itemsize: int = 4) -> tuple[int, ...]:
+    """The output shape of a filler op (Caffe2 ``FillerOp`` rules), checked before anything
+    is allocated: no negative dimension, and no more than ``max_tensor_bytes()``."""
+    shape = _declared_shape(ctx)
+    if any(d < 0 for d in shape):
+        source = "input_as_shape input" if ctx.inputs else "argument 'shape'"
+        raise ArgumentError(ctx.describe(
+            f"{source} gives the negative dimension(s) {list(shape)}; every dimension must be "
+            ">= 0"))
+    check_tensor_size(shape, itemsize, ctx.describe("output"))
+    return shape
+
+
+def _declared_shape(ctx: OpContext) -> tuple[int, ...]:
     if not ctx.inputs:
         if ctx.has_arg("extra_shape") or ctx.int_arg("input_as_shape", 0):
             raise ArgumentError(ctx.describe(
@@ -86,6 +99,9 @@ def fill_shape(ctx: OpContext) -> tuple[int, ...]:
         if values.ndim != 1:
             raise ctx.fail("with input_as_shape=1 the input must be a 1-D int64 tensor, "
                            f"got shape {values.shape}")
+        if values.dtype.kind not in "iub":
+            raise ctx.fail(f"with input_as_shape=1 the input must hold integers, got "
+                           f"{values.dtype}; pass an int64 tensor")
         shape = [int(v) for v in values]
     else:
         shape = list(np.shape(source))
@@ -135,9 +151,9 @@ def _constant_infer(op: caffe2_pb2.OperatorDef, in_shapes: Sequence[Any],
 @register_op("ConstantFill", inputs=(0, 1), outputs=1, shape=_constant_infer)
 def constant_fill(ctx: OpContext) -> Outputs:
     """Y = value everywhere (dtype arg, or inferred from value: int -> INT64)."""
-    shape = fill_shape(ctx)
     data_type = _constant_dtype(ctx)
     dtype = numpy_dtype(data_type)
+    shape = fill_shape(ctx, max(np.dtype(dtype).itemsize, 1))
     value = ctx.arg("value", 0.0)
     if data_type == DataType.STRING:
         out = np.empty(shape, dtype=object)

@@ -21,6 +21,8 @@ from dpgraph.errors import (
     OperatorDefError,
     OperatorError,
     OperatorSchemaError,
+    ResourceLimitError,
+    ShapeError,
     UnknownOperatorError,
     UnregisteredOperatorError,
 )
@@ -166,7 +168,8 @@ class OpInstance:
                     f"the kernel returned {0 if outs is None else len(outs)} values for "
                     f"{self.n_out} outputs.")
         except Exception as error:
-            raise self.failure(error, values, placement) from error
+            failure = self.failure(error, values, placement)
+            raise failure from failure.__cause__
         finally:
             ctx.inputs = []
         self._store(blobs, placement, values, outs)
@@ -210,13 +213,15 @@ class OpInstance:
         """An OperatorError naming this op, its blobs and device, for ``cause``."""
         from dpgraph.ir.net import operator_tracebacks
 
+        raw = isinstance(cause, (ValueError, IndexError)) and not isinstance(cause, DpgraphError) \
+            and not self.type.startswith("Python")  # user code raised: no guessing
+        cause = _typed_cause(cause, self.type)
         lines = [f"{self._where()} failed: {type(cause).__name__}: {cause}"]
         lines.append("  inputs: " + ", ".join(
             f"{n} ({_describe_value(v, (placement or {}).get(n))})"
             for n, v in zip(self.inputs, values)) if self.inputs else "  inputs: none")
         lines.append(f"  outputs: {', '.join(self.outputs) or 'none'}")
-        if isinstance(cause, (ValueError, IndexError)) and not isinstance(cause, DpgraphError) \
-                and not self.type.startswith("Python"):  # user code raised: no guessing
+        if raw:
             lines.append(_raw_failure_hint(self.type))
         stack = operator_tracebacks.get(self.net_name, {}).get(self.index) \
             if self.net_name else None
@@ -230,6 +235,24 @@ class OpInstance:
             setattr(error, attribute, value)
         error.__cause__ = cause
         return error
+
+
+def _typed_cause(cause: BaseException, op_type: str) -> BaseException:
+    """The typed error for an untyped kernel failure: numpy's MemoryError becomes a
+    :class:`ResourceLimitError`, a bare ValueError (numpy refusing a shape) a
+    :class:`ShapeError`; Python ops (user code) and typed errors stay as they are."""
+    if isinstance(cause, DpgraphError) or op_type.startswith("Python"):
+        return cause
+    if isinstance(cause, MemoryError):
+        typed: BaseException = ResourceLimitError(
+            f"{cause} — the op needs more memory than this machine can give; check the "
+            "shapes and arguments that size its outputs, or use a smaller batch")
+    elif type(cause) is ValueError:
+        typed = ShapeError(str(cause))
+    else:
+        return cause
+    typed.__cause__ = cause
+    return typed
 
 
 def _unshared(outs: Sequence[Any]) -> Sequence[Any]:

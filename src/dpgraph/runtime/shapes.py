@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from dpgraph.errors import WorkspaceError
 from dpgraph.ir.arguments import arguments_dict
 from dpgraph.ir.device import effective_device
 from dpgraph.ir.proto_io import proto_of
@@ -124,6 +125,10 @@ def infer_shapes_and_types(nets: Iterable[Any], workspace: Any = None,
     shapes, types = _initial(workspace, blob_dimensions, blob_types)
     for net in nets:
         proto = proto_of(net)
+        if not isinstance(proto, caffe2_pb2.NetDef):
+            raise WorkspaceError(
+                f"InferShapesAndTypes: expected a list of Nets or NetDefs, got an item of type "
+                f"{type(net).__name__}; pass [net] or [net.Proto()].")
         default = proto.device_option if proto.HasField("device_option") else None
         for op in proto.op:
             if default is not None and not op.HasField("device_option"):

@@ -22,6 +22,8 @@ from dpgraph.db.services import StorageServices
 from dpgraph.errors import BlobNotFoundError, WorkspaceError, did_you_mean
 from dpgraph.ir import scope
 from dpgraph.ir.device import device_key, device_name
+from dpgraph.ir.proto_io import check_nesting, check_tensor_size, nested_nets, parse_proto
+from dpgraph.ops.fill import NUMPY_DTYPES
 from dpgraph.proto import caffe2_pb2
 from dpgraph.runtime import devices
 from dpgraph.runtime.executor import SimpleExecutor, make_executor
@@ -69,9 +71,35 @@ class NetInstance:
         self.executor.close()
 
 
+def check_net_limits(proto: caffe2_pb2.NetDef) -> None:
+    """Refuse, before any op runs, a net nesting nets deeper than ``max_nesting_depth()``
+    or with a filler op declaring a tensor above ``max_tensor_bytes()``."""
+    check_nesting(proto)
+    pending = [proto]
+    while pending:
+        net = pending.pop()
+        pending.extend(nested_nets(net))
+        for index, op in enumerate(net.op):
+            if op.input or not op.type.endswith("Fill"):
+                continue
+            shape = next((list(arg.ints) for arg in op.arg if arg.name == "shape"), None)
+            if not shape or any(d < 0 for d in shape):
+                continue  # the kernel names a bad shape when the op runs
+            check_tensor_size(shape, _declared_itemsize(op), (
+                f"op {index} ({op.type}) of net {net.name!r}, output "
+                f"{list(op.output)[:1]}"))
+
+
+def _declared_itemsize(op: caffe2_pb2.OperatorDef) -> int:
+    dtype = next((arg.i for arg in op.arg if arg.name == "dtype" and arg.HasField("i")), None)
+    numpy_type = NUMPY_DTYPES.get(dtype) if dtype is not None else None
+    return max(np.dtype(numpy_type).itemsize, 1) if numpy_type is not None else 4
+
+
 def check_net_definition(proto: caffe2_pb2.NetDef) -> None:
     """Caffe2's creation checks: undefined inputs (when external_input is declared) and
-    external outputs nobody produces."""
+    external outputs nobody produces; then the resource limits."""
+    check_net_limits(proto)
     known = set(proto.external_input)
     for index, op in enumerate(proto.op):
         if proto.external_input:
@@ -96,9 +124,8 @@ def as_net_proto(net: Any) -> caffe2_pb2.NetDef:
     if hasattr(net, "Proto"):
         return net.Proto()
     if isinstance(net, (bytes, str)):
-        proto = caffe2_pb2.NetDef()
-        proto.ParseFromString(net.encode("latin-1") if isinstance(net, str) else net)
-        return proto
+        data = net.encode("latin-1") if isinstance(net, str) else net
+        return parse_proto(caffe2_pb2.NetDef, data, "serialized NetDef")
     raise WorkspaceError(f"Expected a Net, NetDef or serialised NetDef, got {type(net).__name__}.")
 
 
@@ -188,6 +215,7 @@ class Workspace:
         key = device_key(device_option)
         name = str(name)
         if isinstance(value, caffe2_pb2.TensorProto):
+            _check_tensor_proto(value, name)
             value = tensor_proto_to_numpy(value)
         if isinstance(value, str):
             value = value.encode("utf-8")
@@ -292,6 +320,9 @@ class Workspace:
     def run_plan(self, plan: Any) -> bool:
         from dpgraph.runtime.plan import run_plan
 
+        if isinstance(plan, (bytes, str)):
+            data = plan.encode("latin-1") if isinstance(plan, str) else plan
+            plan = parse_proto(caffe2_pb2.PlanDef, data, "serialized PlanDef")
         run_plan(self, plan)
         return True
 
@@ -315,6 +346,13 @@ def net_name(net: Any) -> str:
     if hasattr(net, "Name"):
         return str(net.Name())
     return net.decode() if isinstance(net, bytes) else str(net)
+
+
+def _check_tensor_proto(proto: caffe2_pb2.TensorProto, name: str) -> None:
+    """Refuse a fed TensorProto declaring bad or oversized dims before decoding it."""
+    numpy_type = NUMPY_DTYPES.get(proto.data_type) if proto.HasField("data_type") else np.float32
+    itemsize = np.dtype(numpy_type).itemsize if numpy_type is not None else 1
+    check_tensor_size(list(proto.dims), max(itemsize, 1), f"FeedBlob({name!r}): the TensorProto")
 
 
 def _as_array(value: Any, name: str) -> np.ndarray:
