@@ -31,8 +31,9 @@ COLLECTIVES = {"Allreduce", "NCCLAllreduce", "NCCLBroadcast", "Broadcast", "Redu
 
 
 def build(devices: Sequence[int], k: int, gpu: bool = False, update: str = "sgd",
-          forward: Any = mlp_forward, **kwargs: Any) -> Any:
-    workspace.ResetWorkspace()
+          forward: Any = mlp_forward, reset: bool = True, **kwargs: Any) -> Any:
+    if reset:
+        workspace.ResetWorkspace()
     if gpu:
         workspace.SetVirtualGpus(max(devices) + 1)
     model = model_helper.ModelHelper(name="accumulate")

@@ -7,8 +7,9 @@ pre-gradient transformer; loss gradients and backward pass; the net transformer;
 params; all-reduce gradients (reverse param order, or in buckets with
 ``gradient_bucket_mb``; cast around the collective with ``gradient_dtype``); shared-model
 pruning; updates; blobs to sync; device checks; initial sync; post-sync builder; gradient
-accumulation (``accumulate_steps``: the sync phase moves into an If); memory passes; lifecycle nets; barrier;
-shared-model remapping.  On any error the model is restored exactly as it was.
+accumulation (``accumulate_steps``: the sync phase moves into an If); memory passes;
+lifecycle nets; barrier; shared-model remapping.  On any error the model is restored
+exactly as it was.
 
 To add a pass, define it with :func:`~dpgraph.parallel.passes.parallel_pass` (its contract)
 and insert it into :data:`TRAINING_PASSES` (or :data:`BUILD_PASSES`) where it belongs.
