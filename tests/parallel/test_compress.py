@@ -7,6 +7,7 @@ training against float32; error feedback bounds the accumulated quantisation dri
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -246,3 +247,35 @@ def test_error_feedback_bounds_the_local_drift(dtype: str) -> None:
         np.spacing(np.abs(x).astype(np.float16)).astype(np.float64)
     assert (np.abs(feedback - exact) <= spacing + 1e-12).all()
     assert np.abs(feedback - exact).sum() < 0.05 * np.abs(plain - exact).sum()
+
+
+# --- convergence: the digits demo ------------------------------------------------------------
+@functools.lru_cache(maxsize=1)
+def _float32_demo_accuracy() -> float:
+    from dpgraph.demo import DemoConfig, run_demo
+
+    return run_demo(DemoConfig(quiet=True, check_iterations=0)).accuracy
+
+
+@pytest.mark.parametrize("dtype,feedback", [("float16", False), ("bfloat16", True)])
+def test_digits_demo_accuracy_within_one_percent_of_float32(
+        monkeypatch: pytest.MonkeyPatch, dtype: str, feedback: bool) -> None:
+    pytest.importorskip("sklearn", reason="the demo needs scikit-learn's digits data set")
+    from dpgraph.demo import DemoConfig, run_demo
+
+    config = DemoConfig(quiet=True, check_iterations=0)
+    reference = _float32_demo_accuracy()
+    original = data_parallel_model.Parallelize_CPU
+    applied: list[Any] = []
+
+    def compressed(*args: Any, **kwargs: Any) -> None:
+        if kwargs.get("optimizer_builder_fun") is not None:  # the training model
+            kwargs.update(gradient_dtype=dtype, gradient_error_feedback=feedback)
+            applied.append(args[0])
+        original(*args, **kwargs)
+
+    monkeypatch.setattr(data_parallel_model, "Parallelize_CPU", compressed)
+    result = run_demo(config)
+    assert applied and "GradientCompress" in _types(applied[0])
+    assert reference > 0.9
+    assert abs(result.accuracy - reference) <= 0.01, (result.accuracy, reference)
