@@ -1,4 +1,5 @@
-"""Caffe2's ``dataio``: Reader, Writer, Pipe and the limited readers."""
+"""Caffe2's ``dataio``: Reader, Writer, Pipe, reader builders and the limited, delaying
+and composite readers."""
 
 from dpgraph.jobs.dataio import (
     CounterReader,
@@ -9,6 +10,15 @@ from dpgraph.jobs.dataio import (
     ReaderWithLimitBase,
     Writer,
 )
+from dpgraph.jobs.readers import (
+    CompositeReader,
+    CompositeReaderBuilder,
+    PipedReaderBuilder,
+    ReaderBuilder,
+    ReaderWithDelay,
+    ReaderWithTimeLimit,
+)
 
-__all__ = ["CountUntil", "CounterReader", "Pipe", "Reader", "ReaderWithLimit",
-           "ReaderWithLimitBase", "Writer"]
+__all__ = ["CompositeReader", "CompositeReaderBuilder", "CountUntil", "CounterReader", "Pipe",
+           "PipedReaderBuilder", "Reader", "ReaderBuilder", "ReaderWithDelay",
+           "ReaderWithLimit", "ReaderWithLimitBase", "ReaderWithTimeLimit", "Writer"]

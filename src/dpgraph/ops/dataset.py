@@ -186,7 +186,11 @@ def atomic_append(ctx: OpContext) -> Outputs:
     with lock if lock is not None else threading.Lock():
         outputs = []
         for i in range(n):
-            a = np.asarray(to_host(ctx.inputs[1 + i]))
+            # the value stored now: another thread may have appended since the inputs
+            # were read (the runtime stores this op's outputs after the lock is released;
+            # K-requests 7 asks for the store to happen under it too)
+            current = ctx.prev_output(i) if ctx.workspace is not None else None
+            a = np.asarray(to_host(current if current is not None else ctx.inputs[1 + i]))
             b = np.asarray(to_host(ctx.inputs[1 + n + i]))
             if b.ndim < 1:
                 raise ctx.fail(f"appended input {ctx.input_name(1 + n + i)} must have at "
@@ -215,6 +219,6 @@ for _type in ("CreateTreeCursor", "ResetCursor", "ReadNextBatch", "CheckDatasetC
     register_gradient(_type)(no_gradient)
 
 
-# whole-record ops (PackRecords, TrimDataset, random reads, collectors) register with this
-# family
-from dpgraph.ops import dataset_records  # noqa: E402,F401
+# whole-record ops (PackRecords, TrimDataset, random reads, collectors) and the Timer ops
+# (time-limited readers) register with this family
+from dpgraph.ops import dataset_records, timer  # noqa: E402,F401
