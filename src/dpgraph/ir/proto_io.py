@@ -51,7 +51,8 @@ def read_proto(message_type: type[M], path: str | os.PathLike[str]) -> M:
     try:
         data = Path(path).read_bytes()
     except OSError as error:
-        raise ProtoError(f"cannot read {os.fspath(path)!r}: {error.strerror}") from error
+        raise ProtoError(f"cannot read {os.fspath(path)!r}: {error.strerror}; check the path "
+                         "and that the file is readable.") from error
     return parse_proto(message_type, data, os.fspath(path))
 
 
@@ -80,7 +81,8 @@ def netdef_of(net: Any, error: type[Exception] = ProtoError) -> Any:
     """The ``caffe2.NetDef`` behind a ``Net`` or a NetDef; anything else raises ``error``."""
     proto = proto_of(net)
     if not isinstance(proto, caffe2_pb2.NetDef):
-        raise error(f"expected a Net or NetDef, got {type(net).__name__}")
+        raise error(f"expected a Net or NetDef, got {type(net).__name__}; pass a core.Net or "
+                    "its Proto().")
     return proto
 
 

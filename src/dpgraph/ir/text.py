@@ -21,9 +21,15 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-from dpgraph.errors import TextFormatError
-from dpgraph.ir.proto_io import proto_of
+from dpgraph.errors import ResourceLimitError, TextFormatError
+from dpgraph.ir.proto_io import check_nesting, proto_of
 from dpgraph.proto import caffe2_pb2
+
+
+class TextLimitError(ResourceLimitError, TextFormatError):
+    """The text nests deeper than the parser allows: a ResourceLimitError that is also the
+    TextFormatError callers of :func:`parse_net` catch."""
+
 
 _DEVICE_NAMES = {0: "cpu", 1: "gpu", 5: "ideep", 6: "hip"}
 _DEVICE_TYPES = {name: number for number, name in _DEVICE_NAMES.items()}
@@ -167,7 +173,8 @@ def _tokens(line: str) -> Iterator[Any]:
             try:
                 value, position = decoder.raw_decode(line, position)
             except json.JSONDecodeError as error:
-                raise TextFormatError(f"bad JSON in {line!r}: {error}") from error
+                raise TextFormatError(f"bad JSON in {line!r}: {error}; the options must be one "
+                                      "JSON object") from error
             yield _Quoted(value) if isinstance(value, str) else value
         else:
             end = position
@@ -240,7 +247,8 @@ def parse_op(line: str) -> caffe2_pb2.OperatorDef:
     tokens = list(_tokens(line))
     arrow = _arrow_index(tokens)
     if len(tokens) < 3 or tokens[0] != "op" or arrow < 0:
-        raise TextFormatError(f"not an op line: {line!r}")
+        raise TextFormatError(f"not an op line: {line!r}; write "
+                              "'op TYPE INPUT... -> OUTPUT... {OPTIONS}'")
     options = tokens.pop() if isinstance(tokens[-1], _Pairs) else _Pairs()
     op = caffe2_pb2.OperatorDef(type=tokens[1])
     op.input.extend(tokens[2:arrow])
@@ -311,9 +319,17 @@ def parse_net(text: str) -> caffe2_pb2.NetDef:
             elif keyword == "op":
                 proto.op.append(parse_op(line))
             else:
-                raise TextFormatError(f"unknown keyword {keyword!r}")
+                raise TextFormatError(f"unknown keyword {keyword!r}; a line starts with "
+                                      "'net', 'input', 'output', 'op' or '#'")
         except TextFormatError as error:
             raise TextFormatError(f"line {number}: {error}") from None
+        except RecursionError:
+            raise TextLimitError(f"line {number}: the options nest too deeply to parse; the "
+                                 "text is hostile or corrupt (flatten the nesting).") from None
+        except (TypeError, ValueError, AttributeError, OverflowError) as error:
+            raise TextFormatError(f"line {number}: {error}; fix the value on that line (the "
+                                  "format is what dpgraph.ir.text.format_net writes).") from None
+    check_nesting(proto, "text net")
     return proto
 
 

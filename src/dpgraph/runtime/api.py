@@ -17,7 +17,13 @@ from typing import Any
 
 from google.protobuf.message import Message
 
-from dpgraph.errors import NotSupportedError, ProtoError, WorkspaceError, WorkspaceNameError
+from dpgraph.errors import (
+    DpgraphError,
+    NotSupportedError,
+    ProtoError,
+    WorkspaceError,
+    WorkspaceNameError,
+)
 from dpgraph.ir.blob import BlobReference, blob_name
 from dpgraph.ir.registry import OPERATORS
 from dpgraph.proto import caffe2_pb2
@@ -139,7 +145,10 @@ def SerializeBlob(name: Any) -> bytes:
 
 def DeserializeBlob(name: Any, serialized: bytes) -> bool:
     """Store the value of BlobProto bytes into blob ``name`` on the CPU."""
-    _, value = deserialize_blob(serialized)
+    try:
+        _, value = deserialize_blob(serialized)
+    except DpgraphError as error:
+        raise type(error)(f"DeserializeBlob({StringifyBlobName(name)!r}): {error}") from error
     if isinstance(value, bytes):
         current().set_blob(StringifyBlobName(name), value, None)
     else:

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from dpgraph.errors import (
+    ArgumentError,
     BlobNotFoundError,
     DeviceError,
     DpgraphError,
@@ -223,6 +224,9 @@ class OpInstance:
         lines.append(f"  outputs: {', '.join(self.outputs) or 'none'}")
         if raw:
             lines.append(_raw_failure_hint(self.type))
+        elif isinstance(cause, (ShapeError, ArgumentError)) and "hint:" not in str(cause):
+            lines.append(f"  hint: fix the input blobs or the arguments of {self.type} named "
+                         f"above (see dpgraph.ir.registry.OPERATORS.lookup({self.type!r}).doc).")
         stack = operator_tracebacks.get(self.net_name, {}).get(self.index) \
             if self.net_name else None
         if stack:

@@ -19,7 +19,7 @@ import numpy as np
 from dpgraph.collectives.services import SERVICES, CollectiveServices
 from dpgraph.db.services import SERVICES as STORAGE_SERVICES
 from dpgraph.db.services import StorageServices
-from dpgraph.errors import BlobNotFoundError, WorkspaceError, did_you_mean
+from dpgraph.errors import BlobNotFoundError, DpgraphError, WorkspaceError, did_you_mean
 from dpgraph.ir import scope
 from dpgraph.ir.device import device_key, device_name
 from dpgraph.ir.proto_io import check_nesting, check_tensor_size, nested_nets, parse_proto
@@ -216,7 +216,11 @@ class Workspace:
         name = str(name)
         if isinstance(value, caffe2_pb2.TensorProto):
             _check_tensor_proto(value, name)
-            value = tensor_proto_to_numpy(value)
+            try:
+                value = tensor_proto_to_numpy(value)
+            except DpgraphError as error:
+                raise type(error)(f"FeedBlob({name!r}): {error} Check the TensorProto's dims, "
+                                  "data_type and data field, or feed a numpy array.") from error
         if isinstance(value, str):
             value = value.encode("utf-8")
         if isinstance(value, bytes):
