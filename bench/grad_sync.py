@@ -12,6 +12,10 @@ synchronisation (every rank starts it on a barrier; the slower rank's time count
 * ``ddp``: ``torch.nn.parallel.DistributedDataParallel`` (Gloo, default 25 MB buckets) on a
   module with the same parameter shapes: a forward+backward step with synchronisation
   minus the same step under ``no_sync()`` (interleaved);
+* ``bucket_25mb_float16`` / ``bucket_25mb_bfloat16``: 25 MB buckets with
+  ``gradient_dtype`` (cast, Allreduce, cast back; ``<mode>_wire_bytes`` is what the
+  Allreduces move per rank: bfloat16 is emulated in float32 words, so it moves float32's
+  bytes); target ``<= 0.6x`` of the float32 bucket time;
 * ``raw_per_tensor``: ``torch.distributed.all_reduce`` on each tensor in turn;
   ``raw_one_flat_tensor``: one all_reduce of all 25.6 M values (the bandwidth floor).
 
@@ -39,9 +43,12 @@ from typing import Any
 
 import numpy as np
 
-SYNC_OPS = ("Allreduce", "GradientBucketPack", "GradientBucketUnpack")
-MODES = {"per_blob": None, "bucket_auto": "auto", "bucket_25mb": 25.0,
-         "bucket_25mb_copy": 25.0}
+SYNC_OPS = ("Allreduce", "GradientBucketPack", "GradientBucketUnpack", "GradientCompress",
+            "GradientDecompress")
+#: mode -> (gradient_bucket_mb, gradient_dtype)
+MODES = {"per_blob": (None, None), "bucket_auto": ("auto", None), "bucket_25mb": (25.0, None),
+         "bucket_25mb_copy": (25.0, None), "bucket_25mb_float16": (25.0, "float16"),
+         "bucket_25mb_bfloat16": (25.0, "bfloat16")}
 
 
 def _shapes() -> list[tuple[str, tuple[int, ...]]]:
@@ -62,22 +69,24 @@ def _forward(model: Any, loss_scale: float) -> list[Any]:
     return [model.net.Scale(loss, "loss_scaled", scale=loss_scale)]
 
 
-def _build(rank: int, size: int, store_path: str, bucket_mb: Any) -> Any:
+def _build(rank: int, size: int, store_path: str, mode: str) -> Any:
     """This rank's Parallelized model (one CPU device) and its synchronisation net."""
+    bucket_mb, dtype = MODES[mode]
     from dpgraph import core, data_parallel_model, model_helper, workspace
 
     workspace.ResetWorkspace()
     init = core.Net("store_init")
-    init.FileStoreHandlerCreate([], "store", path=store_path, prefix=f"m{bucket_mb}")
+    init.FileStoreHandlerCreate([], "store", path=store_path, prefix=f"m{mode}")
     workspace.RunNetOnce(init)
     model = model_helper.ModelHelper(name="grad_sync")
     rendezvous = {"kv_handler": "store", "shard_id": rank, "num_shards": size,
                   "engine": "GLOO"}
     data_parallel_model.Parallelize(
         model, lambda m: None, _forward, param_update_builder_fun=lambda m: None,
-        devices=[0], cpu_device=True, rendezvous=rendezvous, gradient_bucket_mb=bucket_mb)
+        devices=[0], cpu_device=True, rendezvous=rendezvous, gradient_bucket_mb=bucket_mb,
+        gradient_dtype=dtype)
     data_parallel_model.RunInitNet(model)
-    return model, _subnet(model, f"sync_{bucket_mb}", sync=True)
+    return model, _subnet(model, f"sync_{mode}", sync=True)
 
 
 def _subnet(model: Any, name: str, sync: bool) -> Any:
@@ -109,8 +118,8 @@ def _dpgraph(rank: int, size: int, store_path: str, iters: int, barrier: Any
     grads = {f"cpu_0/{name}_grad": rs.randn(*shape).astype(np.float32)
              for name, shape in _shapes()}
     results: dict[str, Any] = {}
-    for mode, bucket_mb in MODES.items():
-        model, sync = _build(rank, size, store_path, bucket_mb)
+    for mode in MODES:
+        model, sync = _build(rank, size, store_path, mode)
         if mode.endswith("_copy"):
             for op in sync.Proto().op:
                 if op.type == "GradientBucketUnpack":
@@ -126,9 +135,10 @@ def _dpgraph(rank: int, size: int, store_path: str, iters: int, barrier: Any
         for _ in range(iters):  # interleaved: the whole step, and the step without sync
             full += _timed(lambda n=names[1]: workspace.RunNet(n), 1, barrier)
             alone += _timed(lambda n=names[2]: workspace.RunNet(n), 1, barrier)
-        collectives = sum(op.type == "Allreduce" for op in sync.Proto().op)
+        allreduces = [op for op in sync.Proto().op if op.type == "Allreduce"]
+        wire = sum(int(workspace.FetchBlob(b).nbytes) for op in allreduces for b in op.input[1:])
         results[mode] = {"times": times, "step": full, "step_without_sync": alone,
-                         "collectives": collectives,
+                         "collectives": len(allreduces), "wire_bytes": wire,
                          "buckets_mb": [round(sum(int(np.prod(dict(_shapes())[g[:-5]])) * 4
                                                   for g in bucket) / 2**20, 2)
                                         for bucket in getattr(model, "_gradient_buckets", [])]}
@@ -255,6 +265,7 @@ def main() -> None:
         alone = _slowest_median([r["dpgraph"][mode]["step_without_sync"] for r in ranks])
         out[f"{mode}_step"], out[f"{mode}_exposed"] = step, step - alone
         out[f"{mode}_collectives"] = ranks[0]["dpgraph"][mode]["collectives"]
+        out[f"{mode}_wire_bytes"] = ranks[0]["dpgraph"][mode]["wire_bytes"]
     out["bucket_auto_sizes_mb"] = ranks[0]["dpgraph"]["bucket_auto"]["buckets_mb"]
     synced = [r["torch"]["ddp_step_synced"] for r in ranks]
     unsynced = [r["torch"]["ddp_step_unsynced"] for r in ranks]
@@ -271,6 +282,8 @@ def main() -> None:
     out["ratio_exposed_bucket_vs_per_blob"] = (exposed / out["per_blob_exposed"]
                                                if out["per_blob_exposed"] > 0 else None)
     out["views_vs_copy"] = out["bucket_25mb"] / out["bucket_25mb_copy"]
+    for dtype in ("float16", "bfloat16"):
+        out[f"ratio_{dtype}_vs_float32"] = out[f"bucket_25mb_{dtype}"] / out["bucket_25mb"]
     def met(ratio: float | None, target: float) -> bool:
         return ratio is not None and ratio <= target
 
@@ -279,7 +292,9 @@ def main() -> None:
                       "vs_per_blob_le_0.5": met(out["ratio_bucket_vs_per_blob"], 0.5)},
         "exposed_in_step": {"vs_ddp_le_0.9": met(out["ratio_exposed_bucket_vs_ddp"], 0.9),
                             "vs_per_blob_le_0.5": met(out["ratio_exposed_bucket_vs_per_blob"],
-                                                      0.5)}}
+                                                      0.5)},
+        "compressed": {f"{dtype}_le_0.6": met(out[f"ratio_{dtype}_vs_float32"], 0.6)
+                       for dtype in ("float16", "bfloat16")}}
     out["predicted"] = _predictions(args.processes)
     json.dump(out, sys.stdout, indent=2)
     print()
