@@ -11,9 +11,11 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _dpm_updates import manual_sgd
 from _parallel_helpers import (
     BATCH,
     _set_params,
+    bn_forward,
     data,
     device_option,
     mlp_forward,
@@ -37,9 +39,12 @@ def build(devices: Sequence[int], k: int, gpu: bool = False, update: str = "sgd"
     if gpu:
         workspace.SetVirtualGpus(max(devices) + 1)
     model = model_helper.ModelHelper(name="accumulate")
+    if update == "manual":  # per-device updates (param_update_builder_fun)
+        kwargs["param_update_builder_fun"] = manual_sgd
+    else:
+        kwargs["optimizer_builder_fun"] = optimizer_fun(update)
     data_parallel_model.Parallelize(model, lambda m: None, forward, devices=list(devices),
-                                    cpu_device=not gpu, optimizer_builder_fun=optimizer_fun(update),
-                                    accumulate_steps=k, **kwargs)
+                                    cpu_device=not gpu, accumulate_steps=k, **kwargs)
     return model
 
 
@@ -80,6 +85,7 @@ def assert_close(ref: dict[str, np.ndarray], got: dict[str, np.ndarray],
 
 @pytest.mark.parametrize("devices,gpu,update", [
     ([0, 1], False, "sgd"), ([0, 1, 2], False, "momentum"), ([0, 1, 2, 3], True, "momentum"),
+    ([0, 1], True, "manual"),
 ])
 @pytest.mark.parametrize("k", [2, 4])
 def test_k_micro_batches_equal_one_large_batch(devices: list[int], gpu: bool, update: str,
@@ -213,3 +219,27 @@ def test_sparse_gradients_are_refused_and_model_restored() -> None:
                                         optimizer_builder_fun=optimizer_fun("sgd"),
                                         accumulate_steps=2)
     assert model.net.Proto().SerializeToString() == before
+
+
+def test_spatial_bn_statistics_are_broadcast_on_sync_calls_only() -> None:
+    """Computed params (SpatialBN running statistics) follow the master at each sync."""
+    k = 2
+    model = build([0, 1], k, forward=bn_forward)
+    full = data(0)
+    data_parallel_model.RunInitNet(model)
+    for micro in range(k):
+        for i, device in enumerate([0, 1]):
+            start = (i * k + micro) * 12
+            for name in ("image", "label"):
+                workspace.FeedBlob(f"cpu_{device}/{name}", full[name][start:start + 12])
+        data_parallel_model.RunNet(model, 1)
+        stats = [workspace.FetchBlob(f"cpu_{d}/bn_rm") for d in (0, 1)]
+        assert np.array_equal(*stats) == (micro == k - 1)
+
+
+def test_predictor_export_sees_the_forward_pass() -> None:
+    model, _ = run([0, 1], 2, steps=1)
+    predict, params = data_parallel_model.ExtractPredictorNet(model, ["data"], ["fc2"], None)
+    types = [op.type for op in predict.Proto().op]
+    assert types == ["FC", "Relu", "FC"]
+    assert {str(p) for p in params} >= {"cpu_0/fc1_w", "cpu_0/fc2_w"}
