@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from dpgraph.ir.arrays import is_cupy_array, to_host
 from dpgraph.ir.registry import OPERATORS, register_op
 from dpgraph.ops.context import OpContext, Outputs
 from dpgraph.ops.device_copy import OUTPUT_PLACEMENT
@@ -26,7 +27,7 @@ _MAX = 1024
 def _like(value: Any, like: Any) -> Any:
     """A new copy of ``value`` on the device where ``like`` lives."""
     if isinstance(like, np.ndarray):
-        return np.array(value.get() if hasattr(value, "get") else value, copy=True)
+        return np.array(to_host(value), copy=True)
     cupy = sys.modules["cupy"]
     with like.device:
         return cupy.array(value, copy=True)
@@ -99,7 +100,7 @@ def nccl_all_gather(ctx: OpContext) -> Outputs:
     _check_same(ctx)
     first = ctx.inputs[0]
     parts = [_like(x, first) for x in ctx.inputs]
-    xp = np if isinstance(first, np.ndarray) else sys.modules["cupy"]
+    xp = sys.modules["cupy"] if is_cupy_array(first) else np
     gathered = xp.stack(parts)
     return tuple(_like(gathered, x) for x in ctx.inputs)
 

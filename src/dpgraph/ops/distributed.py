@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from dpgraph.errors import CollectiveError, NotSupportedError, RendezvousError
+from dpgraph.ir.arrays import is_cupy_array
 from dpgraph.ir.registry import OPERATORS, register_op
 from dpgraph.ops.context import OpContext, Outputs
 from dpgraph.ops.device_copy import OUTPUT_PLACEMENT
@@ -145,7 +146,7 @@ def _buffers(ctx: OpContext) -> list[Any]:
 
 
 def _writable(value: Any, copy: bool) -> Any:
-    if hasattr(value, "__cuda_array_interface__"):
+    if is_cupy_array(value):
         return value.copy() if copy else value
     array = np.asarray(value)
     if copy or array is not value or not array.flags.c_contiguous or not array.flags.writeable:
