@@ -10,7 +10,7 @@ _FAMILIES = (
     "learning_rate", "sparse", "queue", "device_copy", "collective", "distributed", "sequence",
     "image", "text", "python_op", "detection", "proposals", "detectron", "db", "persist",
     "image_input", "control", "recurrent", "rnn_units", "optim_adaptive", "index", "bucket",
-    "dataset", "compress",
+    "dataset", "dataset_records", "timer", "compress", "lp_norm",
 )
 
 for _family in _FAMILIES:
