@@ -36,6 +36,15 @@ from dpgraph.errors import (
 )
 from dpgraph.ir.blob_serde import numpy_to_tensor_proto, tensor_proto_to_numpy
 from dpgraph.ir.proto_io import parse_proto, write_proto
+from dpgraph.jobs.checkpointing import (  # noqa: F401  (Caffe2's checkpoint module API)
+    CheckpointManager,
+    JobRunner,
+    MultiNodeCheckpointManager,
+    UploadTaskGroupBuilder,
+    db_name,
+    epoch_limiter,
+    get_ckpt_filename,
+)
 from dpgraph.jobs.job import Job  # noqa: F401  (Caffe2's checkpoint.Job)
 from dpgraph.proto import caffe2_pb2
 from dpgraph.runtime import devices

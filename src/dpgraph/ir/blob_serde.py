@@ -257,12 +257,36 @@ def tensor_proto_to_numpy(proto: caffe2_pb2.TensorProto, where: str = "",
 # --- blobs -----------------------------------------------------------------------------------
 @dataclass
 class TypeSerializer:
-    """How a non-tensor blob type is written to and read from ``BlobProto.content``."""
+    """How a non-tensor blob type is written to and read from ``BlobProto.content``.
+
+    With ``with_tensor`` (Caffe2 types that also fill ``BlobProto.tensor``, such as counters
+    and tree cursors) ``serialize(name, value)`` returns ``(TensorProto or None, content
+    bytes)`` and ``deserialize(tensor or None, content)`` receives both."""
 
     type_name: str
     accepts: Callable[[Any], bool]
-    serialize: Callable[[str, Any], bytes]
-    deserialize: Callable[[bytes], Any]
+    serialize: Callable[..., Any]
+    deserialize: Callable[..., Any]
+    with_tensor: bool = False
+
+    def fill(self, proto: caffe2_pb2.BlobProto, name: str, value: Any) -> None:
+        """Write ``value`` into ``proto`` (type, tensor and content)."""
+        proto.type = self.type_name
+        if not self.with_tensor:
+            proto.content = self.serialize(name, value)
+            return
+        tensor, content = self.serialize(name, value)
+        if tensor is not None:
+            proto.tensor.CopyFrom(tensor)
+        if content:
+            proto.content = content
+
+    def read(self, proto: caffe2_pb2.BlobProto) -> Any:
+        """The value stored in ``proto``."""
+        if not self.with_tensor:
+            return self.deserialize(bytes(proto.content))
+        tensor = proto.tensor if proto.HasField("tensor") else None
+        return self.deserialize(tensor, bytes(proto.content))
 
 
 _TYPES: dict[str, TypeSerializer] = {}
@@ -360,8 +384,7 @@ def serialize_blob(name: str, value: Any, device: Any = None) -> bytes:
     else:
         for serializer in _TYPES.values():
             if serializer.accepts(value):
-                proto.type = serializer.type_name
-                proto.content = serializer.serialize(name, value)
+                serializer.fill(proto, name, value)
                 break
         else:
             raise TensorProtoError(f"Blob {name!r}: No known serializer for "
@@ -421,7 +444,7 @@ class BlobAssembler:
         if proto.type == "std::string" or (not proto.type and proto.HasField("content")):
             self.value = bytes(proto.content)
         elif proto.type in _TYPES:
-            self.value = _TYPES[proto.type].deserialize(bytes(proto.content))
+            self.value = _TYPES[proto.type].read(proto)
         else:
             raise TensorProtoError(f"{where}: No registered deserializer for type "
                                      f"{proto.type!r}.")

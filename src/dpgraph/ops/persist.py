@@ -27,6 +27,7 @@ from dpgraph.ir.blob_serde import (
 from dpgraph.ir.blob_size import estimate_blob_size, estimate_tensor_size
 from dpgraph.ir.device import device_key
 from dpgraph.ir.registry import OPERATORS, register_gradient, register_op
+from dpgraph.ops import dataset_serde  # noqa: F401  (registers the TreeCursor serializer)
 from dpgraph.ops.context import OpContext, Outputs
 from dpgraph.ops.db import on_device, reader_input, required_str, resolve_path, storage
 from dpgraph.ops.device_copy import OUTPUT_PLACEMENT
@@ -352,9 +353,34 @@ def _estimate_all(ctx: OpContext) -> Outputs:
 register_op("EstimateAllBlobSizes", inputs=0, outputs=2)(_estimate_all)
 
 
+# --- GetAllBlobNames ---------------------------------------------------------------------------
+def _local_names(workspace: Any) -> list[str]:
+    """The blobs created in ``workspace`` itself (a child workspace's parent blobs left out)."""
+    blobs = getattr(workspace, "_blobs", None)
+    local = getattr(blobs, "local", None)
+    if isinstance(local, dict) and getattr(blobs, "forward", False) is None:
+        return sorted(local)
+    return list(workspace.blobs())
+
+
+def _all_blob_names(ctx: OpContext) -> Outputs:
+    """Every blob name of the workspace as a 1-D string tensor (its own output included);
+    ``include_shared`` (default 1) also lists a child workspace's parent blobs."""
+    if ctx.workspace is None:
+        raise ShapeError(ctx.describe("GetAllBlobNames needs a workspace."))
+    include_shared = bool(ctx.int_arg("include_shared", 1))
+    names = set(ctx.workspace.blobs() if include_shared else _local_names(ctx.workspace))
+    names.add(ctx.op.output[0])
+    return (np.array([n.encode("utf-8") for n in sorted(names)], dtype=object),)
+
+
+register_op("GetAllBlobNames", inputs=0, outputs=1)(_all_blob_names)
+
+
 def _no_gradient(g: Any) -> None:
     """Caffe2's ``NO_GRADIENT``: gradients stop here."""
 
 
-for _op_type in ("Save", "Load", "Checkpoint", "Snapshot", "EstimateAllBlobSizes"):
+for _op_type in ("Save", "Load", "Checkpoint", "Snapshot", "EstimateAllBlobSizes",
+                 "GetAllBlobNames"):
     register_gradient(_op_type)(_no_gradient)
