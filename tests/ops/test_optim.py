@@ -358,7 +358,7 @@ def test_wngrad_dense_and_sparse() -> None:
     want = w.copy()
     want[[2, 0]] -= 0.1 * g[:2] / 2.001
     np.testing.assert_allclose(sparse[0], want, rtol=1e-5)
-    # the sparse moment divides by b without epsilon (final Caffe2; F-requests #3)
+    # the sparse moment divides by b without epsilon (final Caffe2, caffe2-jobs-facts §5.3)
     np.testing.assert_allclose(sparse[1], 2.0 + (g[:2] ** 2).sum() / 2.0, rtol=1e-5)
 
 

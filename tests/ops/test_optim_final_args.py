@@ -1,5 +1,5 @@
 """The final Caffe2 arguments of the Adagrad family, SparseAdam, SparseWngrad and Adadelta
-(caffe2-jobs-facts §5.3; F-requests #3, #6): weight_decay (with the row counter), RAdam, the
+(caffe2-jobs-facts §5.3): weight_decay (with the row counter), RAdam, the
 epsilon-free SparseWngrad moment and Adadelta's argument checks, against numpy references."""
 
 from __future__ import annotations
