@@ -243,3 +243,32 @@ def test_predictor_export_sees_the_forward_pass() -> None:
     types = [op.type for op in predict.Proto().op]
     assert types == ["FC", "Relu", "FC"]
     assert {str(p) for p in params} >= {"cpu_0/fc1_w", "cpu_0/fc2_w"}
+
+
+def test_checkpoint_at_a_sync_boundary_resumes_exactly(tmp_path: Any) -> None:
+    """Save after 2 optimizer steps (4 micro-batches), resume in a fresh workspace, take a
+    third: equal to 3 uninterrupted steps; the checkpoint holds both counters."""
+    from dpgraph import checkpoint
+
+    k, path = 2, str(tmp_path / "ckpt")
+    _, ref = run([0, 1], k, steps=3, update="momentum")
+    model = build([0, 1], k, update="momentum")
+    data_parallel_model.RunInitNet(model)
+    _set_params(model, [0, 1], False)
+    for step in range(2):
+        for micro in range(k):
+            feed_micro_batch(model, [0, 1], False, k, micro, seed=step)
+            data_parallel_model.RunNet(model, 1)
+    names = checkpoint.save_model_checkpoint(model, path)
+    assert {"optimizer_iteration", COUNTER} <= set(names)
+    model = build([0, 1], k, update="momentum")
+    data_parallel_model.RunInitNet(model)
+    checkpoint.load_model_checkpoint(model, path)
+    assert int(workspace.FetchBlob("optimizer_iteration")[0]) == 2
+    for micro in range(k):
+        feed_micro_batch(model, [0, 1], False, k, micro, seed=2)
+        data_parallel_model.RunNet(model, 1)
+    got = {str(p)[len("cpu_0/"):]: workspace.FetchBlob(str(p)) for p in model.GetParams("cpu_0/")}
+    for name in ref:
+        np.testing.assert_array_equal(got[name], ref[name], err_msg=name)
+    assert data_parallel_model.GetLearningRateBlobNames(model)

@@ -7,7 +7,7 @@ as ``net.<Op>(...)`` would.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from dpgraph.ir.arguments import MakeArgument
@@ -54,3 +54,15 @@ def device_option(device_type: int, device_id: int = 0) -> caffe2_pb2.DeviceOpti
     option.device_type = device_type
     option.device_id = device_id
     return option
+
+
+def walk_ops(net_proto: caffe2_pb2.NetDef) -> Iterator[caffe2_pb2.OperatorDef]:
+    """Every op of ``net_proto``, then of the nets in its ops' NetDef arguments (the
+    subnets of If/While/Do, e.g. the sync net of ``accumulate_steps``), depth first."""
+    for op in net_proto.op:
+        yield op
+        for arg in op.arg:
+            if arg.HasField("n"):
+                yield from walk_ops(arg.n)
+            for net in arg.nets:
+                yield from walk_ops(net)

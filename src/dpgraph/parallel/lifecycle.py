@@ -13,6 +13,7 @@ from dpgraph.ir.blob import BlobReference
 from dpgraph.ir.device import IsGPUDeviceType
 from dpgraph.ir.net import Net
 from dpgraph.parallel import multihost
+from dpgraph.parallel._emit import walk_ops
 from dpgraph.parallel.config import DEFAULT_BARRIER_NET_TIMEOUT_SEC, ParallelConfig
 from dpgraph.parallel.grouping import compute_blobs_to_sync, stripBlobName
 from dpgraph.parallel.multihost import is_distributed
@@ -94,14 +95,16 @@ def CreateNet(model: Any, overwrite: bool = False) -> None:
 
 
 def GetCheckpointParams(model: Any) -> set[Any]:
-    """The first device's synced blobs plus every unprefixed Iter/AtomicIter output."""
+    """The first device's synced blobs plus every unprefixed Iter/AtomicIter output (and
+    the micro-batch counter of ``accumulate_steps``), subnets included."""
     state = state_of(model, "GetCheckpointParams")
     blobs, _ = compute_blobs_to_sync(state)
     first = f"{state.namescope(state.master)}/"
     result: set[Any] = {b for b in blobs if str(b).startswith(first)}
     prefix = f"{model._device_prefix}_"
-    for op in model.net.Proto().op:
-        if op.type in ("Iter", "AtomicIter") and not op.output[0].startswith(prefix):
+    for op in walk_ops(model.net.Proto()):
+        if op.type in ("Iter", "AtomicIter", "GradientAccumulationStep") and \
+                not op.output[0].startswith(prefix):
             result.add(op.output[0])
     return result
 

@@ -12,6 +12,7 @@ from dpgraph.ir import scope
 from dpgraph.ir.device import IsGPUDeviceType
 from dpgraph.ir.net import Net
 from dpgraph.modeling.model_helper import ExtractPredictorNet as extract_predictor_net
+from dpgraph.parallel._emit import walk_ops
 from dpgraph.proto import caffe2_pb2
 
 
@@ -77,4 +78,4 @@ def GetLearningRateBlobNames(model: Any) -> list[str]:
         if IsGPUDeviceType(model._device_type):
             return [optimizer.get_gpu_blob_name("lr", gpu, "") for gpu in model._devices]
         raise ParallelizeError(f"Unsupported device type : {model._device_type}")
-    return [op.output[0] for op in model.net.Proto().op if op.type == "LearningRate"]
+    return [op.output[0] for op in walk_ops(model.net.Proto()) if op.type == "LearningRate"]
