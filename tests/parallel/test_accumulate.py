@@ -200,13 +200,18 @@ def test_bad_steps_are_refused_and_model_unchanged(value: Any) -> None:
     assert model.net.Proto().SerializeToString() == before
 
 
-def test_memory_passes_are_refused() -> None:
+@pytest.mark.parametrize("option,match", [
+    ({"optimize_gradient_memory": True}, "optimize_gradient_memory"),
+    ({"dynamic_memory_management": True}, "dynamic_memory_management"),
+    ({"shared_model": True}, "shared_model"),
+])
+def test_unsupported_combinations_are_refused(option: dict[str, Any], match: str) -> None:
     workspace.ResetWorkspace()
-    with pytest.raises(ParallelizeError, match="optimize_gradient_memory"):
+    with pytest.raises(ParallelizeError, match=match):
         data_parallel_model.Parallelize(
             model_helper.ModelHelper(name="accumulate"), lambda m: None, mlp_forward,
             devices=[0, 1], cpu_device=True, optimizer_builder_fun=optimizer_fun("sgd"),
-            accumulate_steps=2, optimize_gradient_memory=True)
+            accumulate_steps=2, **option)
 
 
 def test_sparse_gradients_are_refused_and_model_restored() -> None:

@@ -205,6 +205,10 @@ def check_accumulation(config: ParallelConfig) -> None:
             f"accumulate_steps={steps} keeps gradients alive across RunNet calls; it cannot "
             "be combined with optimize_gradient_memory or dynamic_memory_management. Turn "
             "those off, or use accumulate_steps=1.")
+    if steps > 1 and config.shared_model:
+        raise ParallelizeError(
+            f"accumulate_steps={steps} cannot be combined with shared_model=True (the shared "
+            "parameters' remapping does not reach the synchronisation subnet); use one.")
     if steps > 1 and not config.has_parameter_updates:
         raise ParallelizeError(
             f"accumulate_steps={steps} needs a training model (param_update_builder_fun or "
