@@ -86,3 +86,51 @@ def test_undefined_blob_and_bad_p():
         ComputeNormForBlobs(["nope"], logging_frequency=1)(_model().net)
     with pytest.raises(ModelConfigError, match="p must be 1 or 2"):
         ComputeNormForBlobs(["fc1_w"], logging_frequency=1, p=3)
+
+
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_histogram_current_and_accumulated(accumulate):
+    from dpgraph.modeling.compute_histogram_for_blobs import ComputeHistogramForBlobs
+
+    model = _model()
+    before = len(model.net.Proto().op)
+    ComputeHistogramForBlobs(["fc1_w"], logging_frequency=10, num_buckets=4,
+                             lower_bound=-0.5, upper_bound=0.5, accumulate=accumulate)(model.net)
+    assert _added(model, before) == ["Cast", "AccumulateHistogram", "Cast", "NormalizeL1",
+                                     "Print"]
+    _run(model)
+    workspace.RunNetOnce(model.net)  # a second run: the accumulated counts double
+    w = workspace.FetchBlob("fc1_w").ravel()
+    edges = [-np.inf, -0.5, -0.25, 0.0, 0.25, 0.5, np.inf]
+    counts = np.histogram(w, bins=edges)[0]
+    np.testing.assert_array_equal(workspace.FetchBlob("fc1_w_curr_hist"), counts)
+    np.testing.assert_array_equal(workspace.FetchBlob("fc1_w_acc_hist"), 2 * counts)
+    name = "fc1_w_acc_normalized_hist" if accumulate else "fc1_w_curr_normalized_hist"
+    np.testing.assert_allclose(workspace.FetchBlob(name), counts / counts.sum(), rtol=1e-6)
+
+
+@pytest.mark.parametrize("i2,name,expected", [(1, "fc1_w_2_1", lambda w: w[2:3, 1:2]),
+                                              (-1, "fc1_w_2_all", lambda w: w[2:3])])
+def test_get_entry(i2, name, expected):
+    from dpgraph.modeling.get_entry_from_blobs import GetEntryFromBlobs
+
+    model = _model()
+    monitor = GetEntryFromBlobs(["fc1_w"], logging_frequency=-1, i1=2, i2=i2)
+    monitor(model.net)
+    assert monitor.field_name_suffix() == name[len("fc1_w"):]
+    _run(model)
+    np.testing.assert_array_equal(workspace.FetchBlob(name),
+                                  expected(workspace.FetchBlob("fc1_w")))
+    with pytest.raises(ModelConfigError, match="i1"):
+        GetEntryFromBlobs(["fc1_w"], logging_frequency=1, i1=-1)(_model().net)
+
+
+def test_normalize_l1_along_an_axis():
+    from dpgraph import core
+
+    x = np.array([[1.0, -3.0], [0.0, 0.0]], np.float32)
+    workspace.FeedBlob("x", x)
+    workspace.RunOperatorOnce(core.CreateOperator("NormalizeL1", ["x"], ["y"], axis=1))
+    np.testing.assert_allclose(workspace.FetchBlob("y"), [[0.25, -0.75], [0.0, 0.0]])
+    workspace.RunOperatorOnce(core.CreateOperator("NormalizeL1", ["x"], ["y0"], axis=0))
+    np.testing.assert_allclose(workspace.FetchBlob("y0"), [[1.0, -1.0], [0.0, 0.0]])

@@ -1,5 +1,6 @@
 """The logic of Caffe2's blob-monitoring net modifiers (``modeling.compute_norm_for_blobs``,
-``modeling.compute_statistics_for_blobs``): per listed blob, a float copy, one summary op,
+``compute_statistics_for_blobs``, ``compute_histogram_for_blobs``, ``get_entry_from_blobs``):
+per listed blob, the ops of one summary,
 a ``Print`` every ``logging_frequency`` runs (none when it is below 1) and, with
 ``modify_output_record``, an output-record field ``<blob><suffix>``.
 """
@@ -12,6 +13,7 @@ from typing import Any
 import numpy as np
 
 import dpgraph.ops.lp_norm  # noqa: F401 - registers LpNorm
+import dpgraph.ops.monitoring  # noqa: F401 - registers AccumulateHistogram, NormalizeL1
 from dpgraph.errors import ModelConfigError
 from dpgraph.ir.blob import BlobReference
 from dpgraph.ir.device import CPU, DeviceOption
@@ -105,3 +107,65 @@ class ComputeStatisticsForBlobs(BlobMonitor):
     def summarize(self, net: Any, blob: Any) -> tuple[Any, str]:
         name = net.NextScopedBlob(prefix=str(blob) + self._field_name_suffix)
         return net.Summarize(self._float(net, blob), name, to_file=0), str(blob)
+
+
+class ComputeHistogramForBlobs(BlobMonitor):
+    """``<blob>_curr_normalized_hist`` (``_acc_normalized_hist`` with accumulate): the
+    blob's histogram over ``num_buckets`` buckets in [lower_bound, upper_bound) plus the
+    two outer buckets, normalized to sum 1."""
+
+    def __init__(self, blobs: Any, logging_frequency: int, num_buckets: int = 30,
+                 lower_bound: float = 0.0, upper_bound: float = 1.0,
+                 accumulate: bool = False) -> None:
+        super().__init__(blobs, logging_frequency)
+        if num_buckets <= 0 or not upper_bound > lower_bound:
+            raise ModelConfigError(
+                f"ComputeHistogramForBlobs needs num_buckets > 0 and upper_bound > "
+                f"lower_bound, got {num_buckets}, [{lower_bound}, {upper_bound})")
+        self._num_buckets = int(num_buckets)
+        self._lower_bound = float(lower_bound)
+        self._upper_bound = float(upper_bound)
+        self._accumulate = accumulate
+        kind = "acc" if accumulate else "curr"
+        self._field_name_suffix = f"_{kind}_normalized_hist"
+        self._output_shape = (self._num_buckets + 2,)
+
+    def summarize(self, net: Any, blob: Any) -> tuple[Any, str]:
+        curr, acc = net.AccumulateHistogram(
+            [self._float(net, blob)],
+            [net.NextScopedBlob(prefix=f"{blob}_curr_hist"),
+             net.NextScopedBlob(prefix=f"{blob}_acc_hist")],
+            num_buckets=self._num_buckets, lower_bound=self._lower_bound,
+            upper_bound=self._upper_bound)
+        hist = net.Cast(acc if self._accumulate else curr,
+                        net.NextScopedBlob(prefix=f"{blob}_cast_hist"),
+                        to=caffe2_pb2.TensorProto.FLOAT)
+        name = net.NextScopedBlob(prefix=str(blob) + self._field_name_suffix)
+        return net.NormalizeL1(hist, name), str(blob)
+
+
+class GetEntryFromBlobs(BlobMonitor):
+    """``<blob>_<i1>_<i2>``: entry [i1, i2] of a 2-D blob as a [1, 1] tensor, or with
+    ``i2 = -1`` its whole row i1 (``<blob>_<i1>_all``, [1, cols])."""
+
+    _output_shape = ()
+
+    def __init__(self, blobs: Any, logging_frequency: int, i1: int = 0, i2: int = 0) -> None:
+        super().__init__(blobs, logging_frequency)
+        self._i1, self._i2 = int(i1), int(i2)
+        self._field_name_suffix = (f"_{self._i1}_{self._i2}" if self._i2 >= 0
+                                   else f"_{self._i1}_all")
+
+    def modify_net(self, net: Any, init_net: Any = None, grad_map: Any = None,
+                   blob_to_device: Any = None, modify_output_record: bool = False) -> None:
+        if self._i1 < 0:
+            raise ModelConfigError(f"GetEntryFromBlobs: row index i1 must be >= 0, got "
+                                   f"{self._i1}")
+        super().modify_net(net, init_net, grad_map, blob_to_device, modify_output_record)
+
+    def summarize(self, net: Any, blob: Any) -> tuple[Any, str]:
+        row = net.Slice([blob], starts=[self._i1, 0], ends=[self._i1 + 1, -1])
+        name = net.NextScopedBlob(prefix=str(blob) + self._field_name_suffix)
+        if self._i2 == -1:
+            return net.Copy([row], [name]), str(blob)
+        return net.Slice([row], name, starts=[0, self._i2], ends=[-1, self._i2 + 1]), str(blob)
