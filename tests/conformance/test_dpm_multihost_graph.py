@@ -1,7 +1,7 @@
 """Graph-level facts of a multi-host Parallelize (GLOO rendezvous, dict form), built on one
 process without running anything: common worlds, Allreduce/Broadcast ops, the barrier net
-and ``_DEFAULT_TIMEOUT_SEC`` (dpm-distributed-facts.md).  The multi-host hooks are
-registered by :mod:`dpgraph.parallel.multihost` whenever dpgraph is imported."""
+and ``_DEFAULT_TIMEOUT_SEC`` (dpm-distributed-facts.md).  The multi-host passes are in
+:mod:`dpgraph.parallel.multihost`; Parallelize's pipeline calls them directly."""
 
 from __future__ import annotations
 
