@@ -49,8 +49,9 @@ def run_demo_command(args: argparse.Namespace) -> int:
                         learning_rate=args.lr, momentum=args.momentum, seed=args.seed,
                         quiet=args.quiet)
     if config.devices < 1 or config.epochs < 1 or config.batch_size < config.devices:
-        print("dpgraph demo: need --devices >= 1, --epochs >= 1 and --batch-size >= "
-              "--devices", file=sys.stderr)
+        print(f"dpgraph demo: error: need --devices >= 1, --epochs >= 1 and --batch-size >= "
+              f"--devices (got --devices {config.devices}, --epochs {config.epochs}, "
+              f"--batch-size {config.batch_size})", file=sys.stderr)
         return 2
     result = run_demo(config)
     print(f"accuracy {100 * result.accuracy:.1f}%  {result.images_per_sec:,.0f} images/s  "

@@ -240,7 +240,9 @@ def rendezvous_from_env(engine: str = "GLOO", timeout: float = DEFAULT_TIMEOUT_S
         rank, size, port = int(env["RANK"]), int(env["WORLD_SIZE"]), int(env["MASTER_PORT"])
         local_rank = int(env["LOCAL_RANK"]) if env.get("LOCAL_RANK") else None
     except ValueError as error:
-        raise RendezvousError(f"rendezvous_from_env: a variable is not an int: {error}") from error
+        raise RendezvousError(f"rendezvous_from_env: a variable is not an int ({error}); set "
+                              "RANK, WORLD_SIZE, MASTER_PORT (and LOCAL_RANK) to integers, as "
+                              "torchrun does.") from None
     store: Any = None
     if size > 1:
         agent = env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"

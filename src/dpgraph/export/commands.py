@@ -65,7 +65,8 @@ def read_net(path: str | os.PathLike[str]) -> caffe2_pb2.NetDef:
     try:
         data = file.read_bytes()
     except OSError as error:
-        raise CommandError(f"cannot read {os.fspath(path)!r}: {error.strerror}") from error
+        raise CommandError(f"cannot read {os.fspath(path)!r}: {error.strerror}; check the path "
+                           "and that the file is readable.") from error
     suffix = file.suffix.lower()
     if suffix in (".txt", ".pbtxt", ".prototxt"):
         text = _decode(data, path)

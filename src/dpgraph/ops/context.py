@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from dpgraph.errors import ArgumentError, ShapeError
+from dpgraph.ir.proto_io import check_tensor_size
 from dpgraph.proto import caffe2_pb2
 
 Outputs = Sequence[Any]
@@ -125,6 +126,13 @@ class OpContext:
         """``problem`` prefixed with the op type and its blobs, for error messages."""
         return (f"{self.op.type} (inputs {list(self.op.input)}, outputs {list(self.op.output)}): "
                 f"{problem}")
+
+    def check_output_size(self, shape: Sequence[int], dtype: Any, index: int = 0) -> None:
+        """Refuse, before allocating, an output of ``shape`` above ``max_tensor_bytes()``
+        (a ResourceLimitError naming this op and the output)."""
+        output = self.op.output[index] if index < len(self.op.output) else f"#{index}"
+        check_tensor_size([int(d) for d in shape], np.dtype(dtype).itemsize,
+                          self.describe(f"output {output!r}"))
 
     def fail(self, problem: str) -> ShapeError:
         """A ShapeError naming this op; ``raise ctx.fail('...')``."""

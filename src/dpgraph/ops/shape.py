@@ -435,6 +435,7 @@ def tile(ctx: OpContext) -> Outputs:
     tiles, axis = _tiles_axis(ctx, x.ndim)
     reps = [1] * x.ndim
     reps[axis] = tiles
+    ctx.check_output_size([d * r for d, r in zip(x.shape, reps)], x.dtype)
     return (ctx.xp.tile(x, reps),)
 
 
@@ -459,6 +460,9 @@ def numpy_tile(ctx: OpContext) -> Outputs:
     repeats = _host_ints(ctx.inputs[1])
     if len(repeats) != x.ndim:
         raise ctx.fail(f"{len(repeats)} repeats for a rank-{x.ndim} input; give one per dim")
+    if any(r < 0 for r in repeats):
+        raise ctx.fail(f"repeats {repeats} must be >= 0")
+    ctx.check_output_size([d * r for d, r in zip(x.shape, repeats)], x.dtype)
     return (ctx.xp.tile(x, repeats),)
 
 
@@ -471,6 +475,7 @@ def expand(ctx: OpContext) -> Outputs:
         shape = np.broadcast_shapes(x.shape, tuple(target))
     except ValueError:
         raise ctx.fail(f"cannot expand {x.shape} to {target}") from None
+    ctx.check_output_size(shape, x.dtype)
     return (ctx.xp.array(ctx.xp.broadcast_to(x, shape)),)
 
 

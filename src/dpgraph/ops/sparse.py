@@ -427,6 +427,7 @@ def one_hot(ctx: OpContext) -> Outputs:
     """[indices (N), index_size] -> float N×index_size one-hot rows."""
     size = int(np.asarray(ctx.inputs[1]).reshape(-1)[0])
     idx = check_indices(ctx, ctx.inputs[0], size)
+    ctx.check_output_size((idx.size, size), np.float32)
     out = np.zeros((idx.size, size), dtype=np.float32)
     out[np.arange(idx.size), idx] = 1
     return (out,)
@@ -439,6 +440,7 @@ def segment_one_hot(ctx: OpContext) -> Outputs:
     size = int(np.asarray(size).reshape(-1)[0])
     idx = check_indices(ctx, indices, size)
     seg, lens = _segment_ids(ctx, lengths, idx.size)
+    ctx.check_output_size((lens.size, size), np.float32)
     out = np.zeros((lens.size, size), dtype=np.float32)
     out[seg, idx] = 1
     return (out,)
