@@ -27,7 +27,7 @@ from dpgraph.ir.blob_serde import (
 from dpgraph.ir.blob_size import estimate_blob_size, estimate_tensor_size
 from dpgraph.ir.device import device_key
 from dpgraph.ir.registry import OPERATORS, register_gradient, register_op
-from dpgraph.ops import dataset_serde  # noqa: F401  (registers the TreeCursor serializer)
+from dpgraph.ops import dataset_serde, map_ops  # noqa: F401  (register blob serializers)
 from dpgraph.ops.context import OpContext, Outputs
 from dpgraph.ops.db import on_device, reader_input, required_str, resolve_path, storage
 from dpgraph.ops.device_copy import OUTPUT_PLACEMENT

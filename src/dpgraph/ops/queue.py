@@ -41,6 +41,19 @@ def _cancelled() -> bool:
     return bool(_CANCELLED) and threading.get_ident() in _CANCELLED
 
 
+def wait_for(cond: threading.Condition, ready: Any, timeout: float | None = None) -> bool:
+    """Wait on ``cond`` (held by the caller) until ``ready()`` or this thread is cancelled
+    (see :func:`cancel_blocking_waits`); False on timeout."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while not (ready() or _cancelled()):
+        remaining = _POLL_SECONDS if deadline is None else \
+            min(_POLL_SECONDS, deadline - time.monotonic())
+        if remaining <= 0:
+            return False
+        cond.wait(remaining)
+    return True
+
+
 class BlobsQueue:
     """A bounded FIFO of records; ``put``/``get`` block, ``close`` ends it cleanly."""
 
@@ -63,14 +76,7 @@ class BlobsQueue:
     def _wait(self, ready: Any, timeout: float | None) -> bool:
         """Wait (holding the condition) until ``ready()``, the queue closes or this thread
         is cancelled; False on timeout."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while not (self.closed or ready() or _cancelled()):
-            remaining = _POLL_SECONDS if deadline is None else \
-                min(_POLL_SECONDS, deadline - time.monotonic())
-            if remaining <= 0:
-                return False
-            self._cond.wait(remaining)
-        return True
+        return wait_for(self._cond, lambda: self.closed or ready(), timeout)
 
     def put(self, record: tuple[Any, ...], timeout: float | None = None) -> bool:
         """Append ``record``; False if the queue is (or gets) closed."""
@@ -232,6 +238,9 @@ def close_blobs_queue(ctx: OpContext) -> Outputs:
     of a full queue fail."""
     _queue(ctx).close()
     return ()
+
+
+from dpgraph.ops import rebatching_queue  # noqa: E402,F401  (registers the rebatching queue)
 
 
 def _no_gradient(g: Any) -> None:
