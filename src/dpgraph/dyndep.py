@@ -94,7 +94,8 @@ def InitOpsLibrary(name: str, trigger_lazy: bool = True) -> None:
             "load C++ libraries; it provides the operators of Caffe2's Detectron ops "
             "(caffe2_detectron_ops[_gpu], caffe2_detectron_custom_ops[_gpu]), Gloo "
             "(caffe2_gloo, gloo_ops), NCCL (nccl_ops) and store-handler "
-            "(file_store_handler_ops, redis_store_handler_ops) libraries. Port this "
+            "(file_store_handler_ops, redis_store_handler_ops, tcp_store_handler_ops) "
+            "libraries. Port this "
             "library's operators to dpgraph with dpgraph.ir.registry.register_op instead.")
     missing = _missing_ops(ops)
     if missing:
