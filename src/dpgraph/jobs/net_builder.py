@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from dpgraph.errors import NetError
+from dpgraph.ir import net as _ir_net
 from dpgraph.ir.blob import BlobReference
 from dpgraph.ir.net import Net
 from dpgraph.ir.plan import ExecutionStep, to_execution_step
@@ -21,6 +22,11 @@ from dpgraph.jobs.control_ops_util import add_if_op, add_while_op
 def _check(condition: bool, message: str) -> None:
     if not condition:
         raise NetError(message)
+
+
+#: ir.net's hook for net-name prefixes, when the IR provides it (K-requests 9): as in Caffe2,
+#: nets made while a NetBuilder (or Task) is current are named ``<builder name>/<name>``.
+_NET_NAME_PREFIXES = getattr(_ir_net, "NET_NAME_PREFIXES", None)
 
 
 class NetBuilder(Managed):
@@ -103,7 +109,7 @@ class NetBuilder(Managed):
         """The net ops go to (a new one when there is none, or when ``name`` is given)."""
         self._assert_mutable()
         if self._current_net is None or name is not None:
-            self.add(Net(name or "net"))
+            self.add(Net(name or ("" if _NET_NAME_PREFIXES is not None else "net")))
         assert self._current_net is not None
         return self._current_net
 
@@ -269,6 +275,16 @@ def _task_setup_key(instance: bool = False) -> str:
 
 
 ops = Operations()
+
+
+def _builder_name_prefix() -> str:
+    """The current NetBuilder's name ('' outside any), Caffe2's ``Net.current_prefix``."""
+    builder = NetBuilder.current(required=False)
+    return builder.name if builder else ""
+
+
+if _NET_NAME_PREFIXES is not None and _builder_name_prefix not in _NET_NAME_PREFIXES:
+    _NET_NAME_PREFIXES.append(_builder_name_prefix)
 
 
 class _ReporterBuilder(NetBuilder):

@@ -188,6 +188,9 @@ class Workspace(metaclass=_WorkspaceMeta):
         self._ws.create_blob(str(name))
         return Blob(self._ws, str(name))
 
+    def has_blob(self, name: Any) -> bool:
+        return bool(self._ws.has_blob(str(name)))
+
     def fetch_blob(self, name: Any) -> Any:
         return self._ws.fetch_blob(str(name))
 
