@@ -59,9 +59,8 @@ def _train(model: Any, cfg: dict[str, Any], k: int, op_instance: Any) -> dict[st
     original = op_instance.run
 
     def counted(self: Any, blobs: Any, placement: Any) -> None:
-        # Caffe2's pre-training barrier net runs at the start of every RunNet (it carries no
-        # data and is kept as Caffe2 has it); every other collective is counted
-        if self.type in COLLECTIVES and self.type != "Barrier":
+        # every collective, Caffe2's pre-training Barrier included (gated to sync calls)
+        if self.type in COLLECTIVES:
             counts[-1] += 1
             names.append((len(counts), self.type, self.inputs))
         original(self, blobs, placement)
@@ -128,6 +127,8 @@ def test_two_processes_equal_the_large_batch_run(tmp_path: Path, k: int,
         # collectives only on every k-th call (and on each of those)
         synced = [i for i, c in enumerate(result["collectives"]) if c]
         assert synced == [k - 1, 2 * k - 1], result["names"]
+        barriers = [name for name in result["names"] if name[1] == "Barrier"]
+        assert [call - 1 for call, _, _ in barriers] == [k - 1, 2 * k - 1]
 
 
 def test_two_processes_float16_on_the_wire(tmp_path: Path) -> None:

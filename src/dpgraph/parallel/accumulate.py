@@ -18,8 +18,11 @@ compression, the optimizer with its iteration counter, post-sync ops)::
 so no collective runs on the other k - 1 runs, the learning-rate iteration counts optimizer
 steps, and after k runs the parameters are one step on the k-times-larger batch.  The
 ``If`` lists, as ``control_input``, the blobs the sync phase reads and the outputs no later
-op of the main net reads, so the DAG executor runs it last.  The accumulators and the counter
-are not checkpointed: resume at a multiple of k.
+op of the main net reads, so the DAG executor runs it last.  With GLOO across hosts,
+Caffe2's pre-training barrier (run before every ``RunNet``) runs only before the
+synchronising calls: its ops move into an ``If`` on the look-ahead
+``grad_accumulation_sync_next``.  Checkpoints hold the counter and
+the master's accumulators: resume at a multiple of k.
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ from dpgraph.proto import caffe2_pb2
 
 COUNTER = "grad_accumulation_iter"
 CONDITION = "grad_accumulation_sync"
+#: the barrier net's look-ahead: whether the coming main-net run synchronises
+NEXT_CONDITION = "grad_accumulation_sync_next"
 SUFFIX = "_accumulated"
 
 
@@ -131,3 +136,22 @@ def accumulate_gradients(state: ParallelState) -> None:
     net._recreate_lookup_tables = True  # the removed ops' outputs are no longer defined
     emit(init, *init_ops)
     emit(net, *main, branch)
+
+
+@parallel_pass(reads=("model_attrs", "config.accumulate_steps"), writes=("nets",),
+               enabled=lambda config: _enabled(config) and config.is_multi_host)
+def gate_barrier(state: ParallelState) -> None:
+    """Run the pre-training barrier net's collectives only before synchronising calls."""
+    barrier = state.model_attrs.get("_barrier_net")
+    if barrier is None:  # not GLOO: no barrier net
+        return
+    proto = barrier.Proto()
+    ops = list(proto.op)
+    cpu = device_option(caffe2_pb2.PROTO_CPU, 0)
+    peek = make_op("GradientAccumulationStep", [COUNTER], [f"{COUNTER}_next", NEXT_CONDITION],
+                   cpu, steps=state.config.accumulate_steps)
+    gated = caffe2_pb2.NetDef(name=f"{proto.name}_gated", op=ops)
+    branch = make_op("If", [NEXT_CONDITION], [], cpu, then_net=gated)
+    del proto.op[:]
+    barrier._recreate_lookup_tables = True
+    emit(barrier, peek, branch)

@@ -21,7 +21,7 @@ import logging
 from typing import Any
 
 from dpgraph.parallel import grouping, memory, multihost, replicate, shared_model, sync
-from dpgraph.parallel.accumulate import accumulate_gradients, mark_sync_phase
+from dpgraph.parallel.accumulate import accumulate_gradients, gate_barrier, mark_sync_phase
 from dpgraph.parallel.allreduce import allreduce_single_host, broadcast_computed_params
 from dpgraph.parallel.buckets import Reducer, reduce_in_buckets
 from dpgraph.parallel.compress import compressing
@@ -229,7 +229,7 @@ TRAINING_PASSES: tuple[Pass, ...] = (
     _prune_shared, _add_updates, sync.register_blobs_to_sync, _infer_devices,
     _check_operators, sync.add_initial_sync, _post_sync, accumulate_gradients,
     _optimize_gradient_memory, _dynamic_memory_management,
-    _lifecycle_nets, _barrier, _remap_shared,
+    _lifecycle_nets, _barrier, gate_barrier, _remap_shared,
 )
 
 
