@@ -16,7 +16,12 @@ from dpgraph.ir.analysis import (
 )
 from dpgraph.ir.blob import BlobReference, GradientSlice, ScopedBlobReference, ScopedName
 from dpgraph.ir.device import DeviceOption, IsGPUDeviceType, device_equal, device_option_equal
-from dpgraph.ir.net import Net, clone_and_bind_net
+from dpgraph.ir.net import (
+    DEFAULT_REMAP_FUNCS,
+    Net,
+    clone_and_bind_net,
+    recurrent_network_op_remap,
+)
 from dpgraph.ir.operator import (
     CreateOperator,
     _RectifyInputOutput,
@@ -112,6 +117,15 @@ def CreatePythonOperator(f: Any, inputs: Any, outputs: Any, grad_f: Any = None,
     return CreateOperator("Python", inputs, outputs, *args, **kwargs)
 
 
+def get_net_name(netlike: Any) -> Any:
+    """A Net's or NetDef's name; anything else is returned as it is (Caffe2)."""
+    if isinstance(netlike, Net):
+        return netlike.Proto().name
+    if isinstance(netlike, caffe2_pb2.NetDef):
+        return netlike.name
+    return netlike
+
+
 def GlobalInit(args: list[str]) -> bool:
     from dpgraph.workspace import GlobalInit as _global_init
 
@@ -132,7 +146,8 @@ __all__ = [
     "NameScope", "Net",
     "RefreshRegisteredOperators", "RegisteredOperators", "SetEnginePref",
     "SetGlobalEnginePref", "SetOpEnginePref", "ScopedBlobReference", "ScopedName",
-    "_RectifyInputOutput", "clone_and_bind_net", "device_equal", "device_option_equal",
+    "DEFAULT_REMAP_FUNCS", "_RectifyInputOutput", "clone_and_bind_net", "get_net_name",
+    "recurrent_network_op_remap", "device_equal", "device_option_equal",
     "get_op_ids_in_path", "get_output_producers", "get_ssa", "get_undefined_blobs",
     "output_to_list",
 ]

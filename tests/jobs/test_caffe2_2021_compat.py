@@ -168,3 +168,10 @@ def test_immediate_mode_workspace() -> None:
     assert not os.path.exists(root)
     with pytest.raises(RuntimeError):
         workspace.FetchImmediate("k_imm")
+
+
+def test_core_net_name_and_remap_exports() -> None:
+    net = core.Net("k_gn")
+    assert core.get_net_name(net) == net.Name() == core.get_net_name(net.Proto())
+    assert core.get_net_name("plain") == "plain"
+    assert core.DEFAULT_REMAP_FUNCS["RecurrentNetwork"] is core.recurrent_network_op_remap
