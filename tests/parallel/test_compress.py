@@ -147,6 +147,18 @@ def test_structure_per_bucket_with_error_feedback() -> None:
     assert {"cpu_0/grad_bucket_0_bfloat16_error", "cpu_1/grad_bucket_0_bfloat16_error"} <= init
 
 
+def test_nccl_bucket_moves_float16() -> None:
+    _, ref = train([0, 1, 2, 3], gpu=True, update="momentum", iters=5, use_nccl=True)
+    model, got = train([0, 1, 2, 3], gpu=True, update="momentum", iters=5, use_nccl=True,
+                       gradient_dtype="float16", gradient_bucket_mb=1)
+    nccl = [op for op in model.net.Proto().op if op.type == "NCCLAllreduce"]
+    assert len(nccl) == 1 and list(nccl[0].input) == [
+        f"gpu_{d}/grad_bucket_0_float16" for d in range(4)]
+    assert workspace.FetchBlob("gpu_2/grad_bucket_0_float16").dtype == np.float16
+    for name in ref:
+        np.testing.assert_allclose(got[name], ref[name], rtol=0, atol=2e-3, err_msg=name)
+
+
 def test_one_device_compresses_nothing() -> None:
     model, _ = train([0], update="sgd", iters=1, gradient_dtype="float16")
     assert "GradientCompress" not in _types(model)
