@@ -10,7 +10,8 @@ _FAMILIES = (
     "learning_rate", "sparse", "queue", "device_copy", "collective", "distributed", "sequence",
     "image", "text", "python_op", "detection", "proposals", "detectron", "db", "persist",
     "image_input", "control", "recurrent", "rnn_units", "optim_adaptive", "index", "bucket",
-    "dataset", "dataset_records", "timer", "compress", "lp_norm",
+    "dataset", "dataset_records", "timer", "compress", "lp_norm", "monitoring", "map_ops",
+    "rebatching_queue",
 )
 
 for _family in _FAMILIES:
