@@ -36,7 +36,7 @@ from dpgraph.errors import (
 )
 from dpgraph.ir.blob_serde import numpy_to_tensor_proto, tensor_proto_to_numpy
 from dpgraph.ir.proto_io import parse_proto, write_proto
-from dpgraph.jobs.checkpointing import (  # noqa: F401  (Caffe2's checkpoint module API)
+from dpgraph.jobs.checkpoint_manager import (  # noqa: F401  (Caffe2's checkpoint module API)
     CheckpointManager,
     JobRunner,
     MultiNodeCheckpointManager,

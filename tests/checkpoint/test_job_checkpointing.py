@@ -1,6 +1,7 @@
-"""Caffe2's job checkpointing (checkpoint.CheckpointManager, MultiNodeCheckpointManager,
-JobRunner, epoch_limiter, db_name) over a LocalSession, and the serializers it relies on
-(TreeCursor blobs, GetAllBlobNames)."""
+"""Caffe2's job checkpointing as ``dpgraph.checkpoint`` exports it (CheckpointManager,
+MultiNodeCheckpointManager, JobRunner, epoch_limiter, db_name; implemented in
+jobs/checkpoint_manager.py) over a LocalSession with real Save/Load files, and the pieces of
+the persistence layer it relies on (TreeCursor blobs, GetAllBlobNames)."""
 
 from __future__ import annotations
 
@@ -68,7 +69,8 @@ def test_train_saves_each_epoch_and_resumes(tmp_path: Path) -> None:
     resumed = CheckpointManager(str(tmp_path), "trainer_0", "minidb")
     JobRunner(job, resumed, resume_from_epoch=1).train(LocalSession(ws2))
     assert ws2.fetch_blob(total).tolist() == [103]
-    assert "blob_names" in resumed.blob_list()
+    names = [n.decode() if isinstance(n, bytes) else n for n in resumed.blob_list()]
+    assert "blob_names" in names and total in names
     session = LocalSession(ws2)
     session.run(resumed.load(2))
     assert ws2.fetch_blob(total).tolist() == [102]
@@ -111,11 +113,6 @@ def test_multi_node_names_load_locally_and_upload(tmp_path: Path) -> None:
     JobRunner(job, MultiNodeCheckpointManager(str(tmp_path / "b"), "minidb"),
               upload_task_group_builder=recorder).train(LocalSession(c_api.Workspace()))
     assert recorder.calls == [2]
-
-
-def test_upload_builder_is_abstract() -> None:
-    with pytest.raises(TypeError):
-        UploadTaskGroupBuilder()  # type: ignore[abstract]
 
 
 def test_tree_cursor_blob_round_trip_and_wire_layout() -> None:
