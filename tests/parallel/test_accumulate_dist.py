@@ -19,27 +19,38 @@ CONTEXT = multiprocessing.get_context("spawn")
 DEVICES = [0, 1]
 
 
+#: scenario -> (accumulate_steps, further Parallelize keywords); one pair of processes runs
+#: them all in turn (starting processes dominates the time)
+SCENARIOS: dict[str, tuple[int, dict[str, Any]]] = {
+    "k2": (2, {}),
+    "k4_buckets": (4, {"gradient_bucket_mb": 0.0001}),
+    "k2_float16": (2, {"gradient_dtype": "float16", "gradient_error_feedback": True}),
+}
+
+
 def _rank(cfg: dict[str, Any], out: str) -> None:
-    """Parallelize over 2 CPU devices of this rank, train, write params and op counts."""
+    """Per scenario: Parallelize over 2 CPU devices of this rank, train, record params and
+    collectives per call."""
     try:
         sys.path[:0] = cfg["path"]
-        from test_accumulate import OpLog, build, feed_micro_batch  # noqa: F401
+        from test_accumulate import build
 
-        from dpgraph import data_parallel_model, workspace
+        from dpgraph import core, data_parallel_model, workspace
         from dpgraph.runtime.operator import OpInstance
 
-        workspace.ResetWorkspace()
-        net = __import__("dpgraph").core.Net("store")
-        net.FileStoreHandlerCreate([], "store", path=cfg["store"], prefix="acc")
-        workspace.RunNetOnce(net)
         data_parallel_model._DEFAULT_TIMEOUT_SEC = 20
-        rdv = {"kv_handler": "store", "shard_id": cfg["rank"], "num_shards": 2,
-               "engine": "GLOO"}
-        k = cfg["k"]
-        model = build(DEVICES, k, rendezvous=rdv, barrier_net_timeout_sec=20,
-                      reset=False, **cfg["extra"])
-        result = _train(model, cfg, k, OpInstance)
-        Path(out).write_text(json.dumps({"ok": True, **result}))
+        results = {}
+        for scenario, (k, extra) in SCENARIOS.items():
+            workspace.ResetWorkspace()
+            net = core.Net("store")
+            net.FileStoreHandlerCreate([], "store", path=cfg["store"], prefix=scenario)
+            workspace.RunNetOnce(net)
+            rdv = {"kv_handler": "store", "shard_id": cfg["rank"], "num_shards": 2,
+                   "engine": "GLOO"}
+            model = build(DEVICES, k, rendezvous=rdv, barrier_net_timeout_sec=20,
+                          reset=False, **extra)
+            results[scenario] = _train(model, cfg, k, OpInstance)
+        Path(out).write_text(json.dumps({"ok": True, "scenarios": results}))
     except BaseException:  # noqa: BLE001 - reported to the test
         Path(out).write_text(json.dumps({"ok": False, "error": traceback.format_exc()}))
 
@@ -66,17 +77,21 @@ def _train(model: Any, cfg: dict[str, Any], k: int, op_instance: Any) -> dict[st
         original(self, blobs, placement)
 
     op_instance.run = counted
-    per = 48 // (2 * len(DEVICES) * k)
-    for step in range(2):
-        full = data(step)
-        for micro in range(k):
-            for i, device in enumerate(DEVICES):
-                start = ((cfg["rank"] * len(DEVICES) + i) * k + micro) * per
-                with core.DeviceScope(device_option(False, device)):
-                    for name in ("data", "label"):
-                        workspace.FeedBlob(f"cpu_{device}/{name}", full[name][start:start + per])
-            counts.append(0)
-            data_parallel_model.RunNet(model, 1)
+    try:
+        per = 48 // (2 * len(DEVICES) * k)
+        for step in range(2):
+            full = data(step)
+            for micro in range(k):
+                for i, device in enumerate(DEVICES):
+                    start = ((cfg["rank"] * len(DEVICES) + i) * k + micro) * per
+                    with core.DeviceScope(device_option(False, device)):
+                        for name in ("data", "label"):
+                            workspace.FeedBlob(f"cpu_{device}/{name}",
+                                               full[name][start:start + per])
+                counts.append(0)
+                data_parallel_model.RunNet(model, 1)
+    finally:
+        op_instance.run = original
     params = {str(p)[len("cpu_0/"):]: workspace.FetchBlob(str(p)).tolist()
               for p in model.GetParams("cpu_0/")}
     wire = [b for b in workspace.Blobs() if b.endswith("_float16")]
@@ -92,35 +107,36 @@ def _reference(**extra: Any) -> dict[str, np.ndarray]:
     return params
 
 
-def _launch(tmp_path: Path, k: int, extra: dict[str, Any]) -> list[dict[str, Any]]:
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    """Both ranks' results of every scenario."""
+    tmp_path = tmp_path_factory.mktemp("accumulate_dist")
     here = str(Path(__file__).parent)
-    path = [here, str(Path(here).parent)]
+    cfgs = [{"rank": rank, "store": str(tmp_path / "store"), "path": [here, str(Path(here).parent)]}
+            for rank in range(2)]
     procs = []
-    for rank in range(2):
-        cfg = {"rank": rank, "k": k, "extra": extra, "store": str(tmp_path / "store"),
-               "path": path}
-        out = tmp_path / f"rank{rank}.json"
+    for cfg in cfgs:
+        out = tmp_path / f"rank{cfg['rank']}.json"
         proc = CONTEXT.Process(target=_rank, args=(cfg, str(out)), daemon=True)
         proc.start()
         procs.append((proc, out))
     results = []
     for proc, out in procs:
-        proc.join(120)
+        proc.join(180)
         if proc.is_alive():
             proc.kill()
         results.append(json.loads(out.read_text()) if out.exists() else {"ok": None})
-    return results
-
-
-@pytest.mark.parametrize("k,extra", [
-    (2, {}), (4, {"gradient_bucket_mb": 0.0001}),
-])
-def test_two_processes_equal_the_large_batch_run(tmp_path: Path, k: int,
-                                                 extra: dict[str, Any]) -> None:
-    results = _launch(tmp_path, k, extra)
     assert all(r["ok"] for r in results), [r.get("error") for r in results]
+    return [r["scenarios"] for r in results]
+
+
+@pytest.mark.parametrize("scenario", ["k2", "k4_buckets"])
+def test_two_processes_equal_the_large_batch_run(ranks: list[dict[str, Any]],
+                                                 scenario: str) -> None:
+    k = SCENARIOS[scenario][0]
     ref = _reference()
-    for result in results:
+    for rank in ranks:
+        result = rank[scenario]
         for name, value in ref.items():
             np.testing.assert_allclose(np.asarray(result["params"][name], np.float32), value,
                                        rtol=0, atol=1e-6, err_msg=name)
@@ -131,11 +147,9 @@ def test_two_processes_equal_the_large_batch_run(tmp_path: Path, k: int,
         assert [call - 1 for call, _, _ in barriers] == [k - 1, 2 * k - 1]
 
 
-def test_two_processes_float16_on_the_wire(tmp_path: Path) -> None:
-    results = _launch(tmp_path, 2, {"gradient_dtype": "float16",
-                                    "gradient_error_feedback": True})
-    assert all(r["ok"] for r in results), [r.get("error") for r in results]
+def test_two_processes_float16_on_the_wire(ranks: list[dict[str, Any]]) -> None:
     ref = _reference()
+    results = [rank["k2_float16"] for rank in ranks]
     for result in results:
         assert result["wire_dtypes"] == ["float16"]
         for name, value in ref.items():
