@@ -215,3 +215,42 @@ def test_blob_holding_a_pickle_loads_as_bytes(tmp_path: Path) -> None:
     save_checkpoint(tmp_path / "ck.pb", ["s"])
     values = read_checkpoint(tmp_path / "ck.pb")
     assert PWNED == [] and bytes(np.asarray(values["s"]).reshape(-1)[0]) == payload
+
+
+# --- static guard: no loader grows a code-running path ------------------------------------
+_SRC = Path(python_funcs.__file__).resolve().parents[1]
+_RISKY = ("pickle.load", "pickle.Unpickler", "marshal.load", "eval(", "exec(", "torch.load",
+          "allow_pickle=True", "__import__(", "import_module(", "ctypes", "CDLL", "yaml.load",
+          "shelve", "dill", "cloudpickle")
+#: Where a risky call is intended, and why it is safe.
+_ALLOWED = {
+    "ir/python_funcs.py": {"pickle.load"},  # behind build_pickled's trust check
+    "ops/__init__.py": {"import_module("},  # dpgraph's fixed op family names
+    "collectives/registry.py": {"import_module("},  # modules registered in code
+    "parallel/plan/command.py": {"import_module("},  # the CLI's module:attr argument
+    "compat/caffe2.py": {"import_module("},  # the caffe2.python alias (dpgraph modules)
+}
+
+
+def _risky_uses() -> dict[str, set[str]]:
+    found: dict[str, set[str]] = {}
+    for path in sorted(_SRC.rglob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        hits = {pattern for pattern in _RISKY if pattern in text}
+        if hits:
+            found[path.relative_to(_SRC).as_posix()] = hits
+    return found
+
+
+def test_no_unexpected_code_running_calls_in_dpgraph() -> None:
+    unexpected = {name: hits - _ALLOWED.get(name, set())
+                  for name, hits in _risky_uses().items()}
+    unexpected = {name: sorted(hits) for name, hits in unexpected.items() if hits}
+    unexpected.pop("ops/python_op.py", None)  # checked by the test below
+    assert not unexpected, (f"new code-running calls {unexpected}: route them through a "
+                            "trust check and document them in docs/security.md")
+
+
+@needs_kernel_guard
+def test_python_op_kernel_does_not_unpickle_itself() -> None:
+    assert "pickle.load" not in _risky_uses().get("ops/python_op.py", set())
