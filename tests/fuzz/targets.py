@@ -388,10 +388,17 @@ def random_net(rng: random.Random) -> RandomNet:
             net.FC([src, f"W{i}", f"B{i}"], out)
             w = units
         elif kind == 1:
-            getattr(net, rng.choice(_UNARY))(src, out)
+            op = rng.choice([*_UNARY, "Scale", "LeakyRelu", "Clip"])
+            extra = {"Scale": {"scale": rng.uniform(-2, 2)},
+                     "LeakyRelu": {"alpha": rng.uniform(0, 0.5)},
+                     "Clip": {"min": -rng.random(), "max": rng.random()}}.get(op, {})
+            getattr(net, op)(src, out, **extra)
         elif kind == 2:
             same = [b for b, bw in blobs if bw == w]
-            getattr(net, rng.choice(["Add", "Mul", "Sub", "Max"]))([src, rng.choice(same)], out)
+            others = [rng.choice(same) for _ in range(rng.randrange(1, 3))]
+            op = rng.choice(["Add", "Mul", "Sub", "Max", "Sum", "Mean"])
+            getattr(net, op)([src, *(others if op in ("Sum", "Mean", "Max") else others[:1])],
+                             out)
         elif kind == 3:
             net.Softmax(src, out, axis=1)
         else:
