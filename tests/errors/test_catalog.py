@@ -819,3 +819,12 @@ def test_operator_error_of_a_fill_is_still_an_operator_error() -> None:
 
 def test_cli_failure_view_is_typed() -> None:
     assert issubclass(CliFailure, CommandError)
+
+
+def test_runtime_doc_limits_example() -> None:
+    """The docs/runtime.md "Resource limits" snippet runs and restores the setting."""
+    doc = Path(__file__).resolve().parents[2] / "docs" / "runtime.md"
+    section = doc.read_text().split("## Resource limits", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    exec(compile(code, str(doc), "exec"), {})  # noqa: S102
+    assert proto_io.max_tensor_bytes() == proto_io.DEFAULT_MAX_TENSOR_BYTES
