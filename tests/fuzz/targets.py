@@ -465,12 +465,32 @@ NET_TARGETS: dict[str, Callable[[RandomNet], None]] = {"verify": t_verify, "onnx
 
 
 # --- outcome ----------------------------------------------------------------------------------
-def outcome(fn: Callable[[Any], None], case: Any) -> str:
-    """``"ok"`` or ``"typed"``; any other exception propagates (the property failed)."""
+class Hang(AssertionError):
+    """A case ran past its time limit."""
+
+
+def _alarm(signum: int, frame: Any) -> None:
+    raise Hang("hang: the case ran past its time limit")
+
+
+def outcome(fn: Callable[[Any], None], case: Any, timeout: float = 10.0) -> str:
+    """``"ok"`` or ``"typed"``; any other exception propagates (the property failed), and
+    a case running past ``timeout`` seconds raises :class:`Hang` (main thread only)."""
+    import signal
+    import threading
+
+    timed = threading.current_thread() is threading.main_thread() and timeout > 0
+    if timed:
+        previous = signal.signal(signal.SIGALRM, _alarm)
+        signal.setitimer(signal.ITIMER_REAL, timeout)
     try:
         fn(case)
     except DpgraphError:
         return "typed"
+    finally:
+        if timed:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
     return "ok"
 
 
