@@ -6,7 +6,8 @@ Targets (see ``tests/fuzz/targets.py``): the .pb loaders (``netdef``, ``plandef`
 predictor DB reader (``predictor_db``) on truncated / bit-flipped / spliced / random inputs,
 and the verifier and the ONNX exporter (``verify``, ``onnx``) on random valid nets.
 
-Each target runs in its own child process (a crash of a C library is counted, not fatal);
+Each target runs in its own child process (a crash of a C library is counted, not fatal;
+the LMDB target, whose C library maps the raw file, runs every case in a forked child);
 every case runs under a per-case time limit (a hang is counted).  Per target the JSON gives
 ``cases``, ``ok`` (a correct result), ``typed`` (a DpgraphError), ``untyped`` (any other
 exception), ``hangs``, ``crashes`` (the child died; the count is of children restarted)
@@ -59,6 +60,22 @@ def _describe(case: Any) -> str:
     return ",".join(getattr(case, "ops", [])) or repr(case)[:200]
 
 
+def _isolated(fn: Any, case: Any, index: int, case_timeout: float, counts: dict[str, int],
+              examples: list[dict[str, str]]) -> None:
+    import targets as T
+
+    try:
+        counts[T.outcome_isolated(fn, case, case_timeout)] += 1
+    except AssertionError as error:
+        kind = str(error).split(":", 1)[0]
+        key = {"crash": "crashes", "hang": "hangs"}.get(kind, "untyped")
+        counts[key] += 1
+        if sum(e["kind"] == key for e in examples) < 3:
+            last = (str(error).strip().splitlines() or [""])[-1]
+            examples.append({"kind": key, "index": str(index), "error": last[-300:],
+                             "input": _describe(case)})
+
+
 def worker(name: str, start: int, cases: int, seed: int, case_timeout: float,
            progress: Path) -> dict[str, Any]:
     """Run cases ``start..cases-1`` of target ``name``; record progress for the parent."""
@@ -67,7 +84,7 @@ def worker(name: str, start: int, cases: int, seed: int, case_timeout: float,
 
     seeds = T.seeds()
     fn = T.BYTE_TARGETS.get(name) or T.NET_TARGETS[name]
-    counts = {"ok": 0, "typed": 0, "untyped": 0, "hangs": 0}
+    counts = {"ok": 0, "typed": 0, "untyped": 0, "hangs": 0, "crashes": 0}
     examples: list[dict[str, str]] = []
     signal.signal(signal.SIGALRM, _alarm)
     for index in range(start, cases):
@@ -75,6 +92,9 @@ def worker(name: str, start: int, cases: int, seed: int, case_timeout: float,
         case = _case(name, rng, seeds)
         progress.write_text(json.dumps({"index": index, "counts": counts,
                                         "examples": examples, "input": _describe(case)}))
+        if name in T.ISOLATED:  # C code on the raw file: a forked child per case
+            _isolated(fn, case, index, case_timeout, counts, examples)
+            continue
         signal.setitimer(signal.ITIMER_REAL, case_timeout)
         try:
             fn(case)
@@ -127,7 +147,7 @@ def run_target(name: str, cases: int, seed: int, case_timeout: float,
                                  "input": state["input"]})
             start = state["index"] + 1
         for key, value in done["counts"].items():
-            totals[key] += value
+            totals[key] = totals.get(key, 0) + value
         examples.extend(done["examples"])
     totals["seconds"] = round(time.perf_counter() - began, 1)
     totals["examples"] = examples[:9]
