@@ -282,8 +282,8 @@ class Net:
             _recompute_externals(proto)
         new_net = Net(proto, inplace=True)
         if keep_schema:
-            new_net._input_record = self._input_record
-            new_net._output_record = self._output_record
+            new_net._input_record = _renamed_record(self._input_record, new_net, rename)
+            new_net._output_record = _renamed_record(self._output_record, new_net, rename)
         new_net._attr_dict = defaultdict(list, {k: list(v) for k, v in self._attr_dict.items()})
         return new_net
 
@@ -540,17 +540,15 @@ def clone_and_bind_net(net: Net, name: str, prefix: str,
                        keep_schema: bool = True) -> tuple[Net, dict[str, str]]:
     """Clone ``net`` as ``name``, prefixing every blob it defines with ``prefix``.
 
-    Blobs the net reads before writing keep their names.  Returns ``(clone, blob_remap)``.
-    Binding a schema record (``inputs``) is not supported: dpgraph has no schema module.
+    Blobs the net reads before writing keep their names.  ``inputs`` (a schema record with
+    the field names of the net's input record) binds those fields to its blobs; without
+    ``keep_schema`` it becomes the clone's input record.  Returns ``(clone, blob_remap)``.
     """
-    from dpgraph.errors import NotSupportedError
     from dpgraph.ir.analysis import get_ssa, get_undefined_blobs
 
-    if inputs is not None:
-        raise NotSupportedError(
-            "clone_and_bind_net(inputs=...) binds a schema record, which dpgraph does not "
-            "support; pass inputs=None and remap blobs with blob_remap instead.")
     blob_remap = {} if blob_remap is None else blob_remap
+    if inputs is not None:
+        _bind_inputs(net, inputs, blob_remap)
     ssa, blob_versions = get_ssa(net.Proto())
     undefined = get_undefined_blobs(ssa)
     for blob in blob_versions:
@@ -558,7 +556,36 @@ def clone_and_bind_net(net: Net, name: str, prefix: str,
             blob_remap[blob] = blob if blob in undefined else prefix + blob
     for blob in undefined:
         blob_remap.setdefault(blob, blob)
-    return net.Clone(name, blob_remap, keep_schema=keep_schema), blob_remap
+    cloned = net.Clone(name, blob_remap, keep_schema=keep_schema)
+    if not keep_schema and inputs is not None:
+        cloned.set_input_record(inputs)
+    return cloned, blob_remap
+
+
+def _bind_inputs(net: Net, inputs: Any, blob_remap: dict[str, str]) -> None:
+    """Map each blob of ``net``'s input record to the blob of the same field in ``inputs``."""
+    original = net.input_record()
+    if original is None:
+        raise NetError(f"clone_and_bind_net(inputs=...): net {net.Name()!r} has no input "
+                       "record to bind; set one with net.set_input_record first.")
+    differ = set(original.field_names()) ^ set(inputs.field_names())
+    if differ:
+        raise NetError(f"clone_and_bind_net: the fields of inputs and of net {net.Name()!r}'s "
+                       f"input record differ: {sorted(differ)}")
+    by_field = dict(zip(original.field_names(), original.field_blobs()))
+    for field, blob in zip(inputs.field_names(), inputs.field_blobs()):
+        blob_remap[str(by_field[field])] = str(blob)
+
+
+def _renamed_record(record: Any, net: Net, rename: Callable[[str], str]) -> Any:
+    """A copy of schema ``record`` whose blobs are renamed and bound to ``net`` (what
+    Caffe2's ``Clone(keep_schema=True)`` keeps); ``None`` stays ``None``."""
+    if record is None:
+        return None
+    result = record.clone_schema()
+    for scalar, blob in zip(result.all_scalars(), record.field_blobs()):
+        scalar.set_value(BlobReference(rename(str(blob)), net=net), unsafe=True)
+    return result
 
 
 def _external_input_name(blob: Any) -> str:
