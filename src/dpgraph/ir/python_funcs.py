@@ -26,15 +26,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from dpgraph import errors
-from dpgraph.errors import ArgumentError, DpgraphError
-
-#: Raised for a pickled builder this process did not create (errors.UntrustedInputError
-#: once dpgraph.errors defines it; the local class keeps the same bases until then).
-UntrustedInputError: type[DpgraphError] = getattr(errors, "UntrustedInputError", None) or type(
-    "UntrustedInputError", (DpgraphError, PermissionError),
-    {"__doc__": "A file asks to run code (a pickle) the caller has not chosen to trust.",
-     "__module__": "dpgraph.errors"})
+from dpgraph.errors import ArgumentError, UntrustedInputError
 
 #: The environment variable that trusts every pickled builder (``1``/``true``/``yes``).
 TRUST_ENV = "DPGRAPH_TRUST_PICKLES"
