@@ -80,6 +80,7 @@ def worker(name: str, start: int, cases: int, seed: int, case_timeout: float,
            progress: Path) -> dict[str, Any]:
     """Run cases ``start..cases-1`` of target ``name``; record progress for the parent."""
     import targets as T
+
     from dpgraph.errors import DpgraphError
 
     seeds = T.seeds()

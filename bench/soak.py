@@ -8,11 +8,12 @@ Every ``--sample-every`` iterations each process records ``rss_mb`` (VmRSS), ``t
 (OS threads, /proc/self/status) and ``py_threads`` (``threading.active_count()``).
 
 Checks (``checks`` in the JSON, ``pass`` when all hold): after warm-up (the first
-``--warmup`` fraction of the run) RSS grows < 5 % (last sample vs. the first after
-warm-up) and the thread count is constant; after ``coordinator.stop()`` and
-``ResetWorkspace()`` no data-worker thread is alive, the threads are those from before the
-model was built (plus, in a gloo rank, the one Gloo TCP device loop that
-``collectives/gloo.py`` keeps per process by design: ``threads_added_after_stop``), and (gloo) the ranks exit with status 0 and leave no child
+``--warmup`` fraction of the run) RSS grows < 5 % (the median of the last quarter of the
+samples after warm-up against the median of their first quarter) and the thread count is
+constant; after ``coordinator.stop()`` and ``ResetWorkspace()`` no data-worker thread is
+alive, the threads are those from before the model was built (plus, in a gloo rank, the one
+Gloo TCP device loop ``collectives/gloo.py`` keeps per process by design, listed in
+``threads_added_after_stop``), and (gloo) the ranks exit with status 0 and leave no child
 processes behind.
 
 Run: ``python bench/soak.py [--iterations 2000] [--runs local,gloo] [--batch 32]``.

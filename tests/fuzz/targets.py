@@ -227,9 +227,8 @@ def t_netdef(data: bytes) -> None:
 
 def t_plandef(data: bytes) -> None:
     from dpgraph.ir.proto_io import parse_proto
-    from dpgraph.proto import caffe2_pb2
-
     from dpgraph.ir.verify import verify_problems
+    from dpgraph.proto import caffe2_pb2
 
     plan = _text_only(parse_proto(caffe2_pb2.PlanDef, data))
     for net in plan.network:
@@ -348,8 +347,8 @@ MUTATORS: dict[str, Callable[[bytes, random.Random], bytes]] = {"text": mutate_t
 
 BYTE_TARGETS: dict[str, Callable[[bytes], None]] = {
     "netdef": t_netdef, "plandef": t_plandef, "tensorprotos": t_tensorprotos,
-    "metanetdef": t_metanetdef, "text": t_text, "minidb": t_minidb, "lmdb": t_lmdb, "db_load": t_db_load,
-    "checkpoint": t_checkpoint, "predictor_db": t_predictor_db,
+    "metanetdef": t_metanetdef, "text": t_text, "minidb": t_minidb, "lmdb": t_lmdb,
+    "db_load": t_db_load, "checkpoint": t_checkpoint, "predictor_db": t_predictor_db,
 }
 
 

@@ -16,10 +16,9 @@ import random
 from typing import Any
 
 import pytest
+import targets as T
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
-
-import targets as T
 
 SEEDS = T.seeds()
 FUZZ = settings(max_examples=40, deadline=None, derandomize=True, database=None,
@@ -30,11 +29,11 @@ REGRESSIONS: dict[str, list[bytes]] = {
     "netdef": [b"\n\x02\xff\xfe", b'\x12\x06\n\x02\xff\x80"\x00'],
     "plandef": [b"\x12\x04\n\x02\xff\xfe"],
     "metanetdef": [b"\x12\x08\n\x02\xff\xfe\x12\x02\n\x00"],
-    "text": ['net "n"\nop FC x {"name": 1} -> h'.encode(),
-             'net {"device": []} x'.encode(),
+    "text": [b'net "n"\nop FC x {"name": 1} -> h',
+             b'net {"device": []} x',
              b'net "n"\nop "\\udc80" x -> y',
              ('net "n"\nop FC x -> h {"name": ' + "[" * 3000).encode(),
-             'net "n"\nop FC x -> h {"name": 3}'.encode()],
+             b'net "n"\nop FC x -> h {"name": 3}'],
     "predictor_db": [b"\xff", b"\n\x02\xff\xfe"],
     "lmdb": [SEEDS["lmdb"][:8192], SEEDS["lmdb"][:100]],
 }
