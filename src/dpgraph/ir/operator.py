@@ -7,7 +7,7 @@ import traceback
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from dpgraph.errors import BlobNameError
+from dpgraph.errors import BlobNameError, DeviceOptionTypeError
 from dpgraph.ir import scope
 from dpgraph.ir.arguments import MakeArgument
 from dpgraph.ir.blob import BlobReference, ScopedBlobReference
@@ -83,6 +83,11 @@ def CreateOperator(
     if control_input:
         operator.control_input.extend(str(i) for i in RectifyInputOutput(control_input))
     if device_option is not None:
+        if not isinstance(device_option, caffe2_pb2.DeviceOption):
+            raise DeviceOptionTypeError(
+                f"CreateOperator({operator_type!r}): device_option must be a "
+                f"caffe2_pb2.DeviceOption, got {type(device_option).__name__} "
+                f"{device_option!r}; build one with core.DeviceOption(device_type, device_id).")
         operator.device_option.CopyFrom(device_option)
     elif scope.CurrentDeviceScope() is not None:
         operator.device_option.CopyFrom(scope.CurrentDeviceScope())

@@ -108,5 +108,7 @@ def verify(net: Any, known_blobs: Iterable[str] = ()) -> None:
     if problems:
         name = proto_of(net).name or "<unnamed>"
         listing = "\n  ".join(problems)
-        raise VerificationError(f"net {name!r} has {len(problems)} problem(s):\n  {listing}",
-                                problems)
+        raise VerificationError(
+            f"net {name!r} has {len(problems)} problem(s):\n  {listing}\nFix each one: declare "
+            "blobs that exist before the net runs in external_input (or pass known_blobs=), "
+            "and check op types, arities and device scopes.", problems)

@@ -29,7 +29,7 @@ from dpgraph.ir.registry import OPERATORS
 from dpgraph.proto import caffe2_pb2
 from dpgraph.runtime.serialization import deserialize_blob, serialize_blob
 from dpgraph.runtime.shapes import infer_shapes_and_types
-from dpgraph.runtime.workspace import Workspace, net_name
+from dpgraph.runtime.workspace import Workspace, WorkspaceArgumentError, net_name
 
 _registry_lock = threading.RLock()
 _workspaces: dict[str, Workspace] = {"default": Workspace("default")}
@@ -68,6 +68,10 @@ def SwitchWorkspace(name: Any, create_if_missing: bool | None = None) -> None:
 
 def ResetWorkspace(root_folder: str | None = None) -> bool:
     """Drop every blob and net of the current workspace (root folder kept unless given)."""
+    if root_folder is not None and not isinstance(root_folder, (str, os.PathLike)):
+        raise WorkspaceArgumentError(
+            f"ResetWorkspace: root_folder must be a path (str) or None, got "
+            f"{type(root_folder).__name__} {root_folder!r}; nothing was reset.")
     current().reset(root_folder)
     return True
 
@@ -133,6 +137,10 @@ def FetchInt8Blob(name: Any) -> Any:
 
 
 def FetchBlobs(names: Iterable[Any]) -> list[Any]:
+    if isinstance(names, (str, bytes)) or not isinstance(names, Iterable):
+        raise WorkspaceArgumentError(
+            f"FetchBlobs takes a list of blob names, got {type(names).__name__} {names!r}; "
+            "use FetchBlob for one blob.")
     return [FetchBlob(n) for n in names]
 
 
@@ -297,6 +305,10 @@ def InferShapesAndTypes(nets: Iterable[Any], blob_dimensions: Mapping[str, Any] 
                         nets_proto: bool = False, blob_types: Mapping[str, int] | None = None
                         ) -> tuple[dict[str, list[int]], dict[str, int]]:
     """``(shapes, types)`` of the nets' blobs; see :mod:`dpgraph.runtime.shapes`."""
+    if not isinstance(nets, Iterable) or hasattr(nets, "Proto") or \
+            isinstance(nets, caffe2_pb2.NetDef):
+        raise WorkspaceArgumentError(
+            f"InferShapesAndTypes takes a list of nets, got {type(nets).__name__}; pass [net].")
     return infer_shapes_and_types(nets, current(), blob_dimensions, blob_types)
 
 

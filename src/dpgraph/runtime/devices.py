@@ -75,6 +75,9 @@ def SetVirtualGpus(n: int, peer_access: Any = None) -> None:
 
     ``peer_access`` is an ``n x n`` bool matrix (default: every pair may access the other).
     """
+    if isinstance(n, bool) or not hasattr(type(n), "__index__"):
+        raise ArgumentError(f"SetVirtualGpus: the number of GPUs must be an int, got "
+                            f"{type(n).__name__} {n!r}.")
     with _lock:
         _state.set_virtual(int(n), peer_access)
 

@@ -212,6 +212,12 @@ class Workspace:
         the current device scope).  Accepts arrays, str/bytes and TensorProtos."""
         if device_option is None:
             device_option = scope.CurrentDeviceScope()
+        if device_option is not None and not isinstance(device_option,
+                                                        caffe2_pb2.DeviceOption):
+            raise WorkspaceArgumentError(
+                f"FeedBlob({str(name)!r}): device_option must be a caffe2_pb2.DeviceOption, got "
+                f"{type(device_option).__name__} {device_option!r}; build one with "
+                "core.DeviceOption(device_type, device_id).")
         key = device_key(device_option)
         name = str(name)
         if isinstance(value, caffe2_pb2.TensorProto):
@@ -366,8 +372,13 @@ def _as_array(value: Any, name: str) -> np.ndarray:
         try:
             array = np.asarray(value)
         except Exception as error:
-            raise WorkspaceError(f"FeedBlob({name!r}): cannot feed a {type(value).__name__}; "
-                                 "feed a numpy array, a string or a TensorProto.") from error
+            raise WorkspaceError(f"FeedBlob({name!r}): cannot feed a {type(value).__name__} "
+                                 f"({error}); feed a numpy array, a string or a TensorProto."
+                                 ) from None
+    if array.dtype.kind in "cmMV":
+        raise WorkspaceError(f"FeedBlob({name!r}): numpy dtype {array.dtype} has no Caffe2 "
+                             "tensor type; convert it (e.g. to float32, int64 or strings) "
+                             "first.")
     if array.dtype.kind in "SU":
         flat = [v.encode("utf-8") if isinstance(v, str) else bytes(v)
                 for v in array.reshape(-1).tolist()]
