@@ -27,6 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from _bench_util import median_seconds
 
 DEFAULT_SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
 TARGET = 0.9
@@ -44,16 +45,6 @@ def _repeat(fn: Callable[[], Any], min_time: float, max_reps: int = 2000) -> flo
         elapsed = time.perf_counter() - start
         times.append(elapsed)
         total += elapsed
-    return statistics.median(times)
-
-
-def _timed(fn: Callable[[], Any], reps: int) -> float:
-    """Median seconds per call over exactly ``reps`` calls (the same count on every rank)."""
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
     return statistics.median(times)
 
 
@@ -87,7 +78,7 @@ def bench_cpu(sizes: list[int], min_time: float, devices: int = 4) -> list[dict[
 def _agree_reps(dist: Any, torch: Any, fn: Callable[[], Any], budget: float) -> int:
     """Calls per timing round: rank 0 calibrates, every rank uses its count (collectives must
     be issued the same number of times on every rank)."""
-    per_call = _timed(fn, 3)
+    per_call = median_seconds(fn, 3)
     reps = torch.tensor([max(3, min(1000, int(budget / max(per_call, 1e-6))))])
     dist.broadcast(reps, src=0)
     return int(reps.item())
@@ -124,7 +115,7 @@ def _gloo_rank(rank: int, path: str, sizes: list[int], min_time: float, queue: A
         for round_ in range(ROUNDS):  # rotate who goes first: load drifts hit all alike
             for key in order[round_ % 3:] + order[:round_ % 3]:
                 dist.barrier()  # both ranks start each block together: no skew is timed
-                times[key].append(_timed(methods[key], reps))
+                times[key].append(median_seconds(methods[key], reps))
         rows.append({"bytes": nbytes, "reps": reps * ROUNDS,
                      **{f"{key}_s": min(values) for key, values in times.items()}})
     dist.destroy_process_group()

@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
-import os
 import socket
 import statistics
 import sys
@@ -42,6 +41,7 @@ import time
 from typing import Any
 
 import numpy as np
+from _bench_util import one_thread_per_process
 
 SYNC_OPS = ("Allreduce", "GradientBucketPack", "GradientBucketUnpack", "GradientCompress",
             "GradientDecompress")
@@ -229,15 +229,8 @@ def _predictions(size: int) -> dict[str, Any]:
     return {**result, "auto_bucket_mb": auto / MB, "cost_model": model.to_json()}
 
 
-def _one_thread_per_process() -> None:
-    """Ranks inherit this: one BLAS/OpenMP thread each, so processes do not oversubscribe
-    the cores (the executor's own threads still run independent ops side by side)."""
-    for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-        os.environ.setdefault(name, "1")
-
-
 def main() -> None:
-    _one_thread_per_process()
+    one_thread_per_process()
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--iters", type=int, default=7)
     parser.add_argument("--processes", type=int, default=2)

@@ -23,12 +23,10 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 
 import argparse  # noqa: E402
 import json  # noqa: E402
-import statistics  # noqa: E402
-import time  # noqa: E402
 from collections.abc import Callable  # noqa: E402
-from typing import Any  # noqa: E402
 
 import numpy as np  # noqa: E402
+from _bench_util import median_seconds  # noqa: E402
 
 from dpgraph import rnn_cell, workspace  # noqa: E402
 from dpgraph.model_helper import ModelHelper  # noqa: E402
@@ -108,15 +106,6 @@ def build_dpgraph(batch: int, hidden: int, seq: int, dim_in: int,
     return lambda: workspace.RunNet(name)
 
 
-def _median_time(fn: Callable[[], Any], reps: int) -> float:
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--batch", type=int, default=32)
@@ -145,8 +134,8 @@ def main() -> None:
                 for k in params)
     ours, theirs = [], []
     for _ in range(args.rounds):  # alternate so load from other processes hits both
-        ours.append(_median_time(run, args.reps))
-        theirs.append(_median_time(lambda: reference.run(x, h0, c0), args.reps))
+        ours.append(median_seconds(run, args.reps))
+        theirs.append(median_seconds(lambda: reference.run(x, h0, c0), args.reps))
     dpgraph_s, numpy_s = min(ours), min(theirs)
     print(json.dumps({
         "benchmark": "rnn_lstm_forward_backward", "batch": args.batch, "hidden": h,

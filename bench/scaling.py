@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
-import os
 import statistics
 import sys
 import tempfile
@@ -28,6 +27,7 @@ import time
 from typing import Any
 
 import numpy as np
+from _bench_util import one_thread_per_process
 
 MODES = {"per_blob": None, "bucketed": "auto"}
 INDEPENDENT = "independent"
@@ -114,15 +114,8 @@ def _profile(batch: int) -> Any:
                              {"data": [batch, 3, 32, 32], "label": [batch]}, name="small CNN")
 
 
-def _one_thread_per_process() -> None:
-    """Ranks inherit this: one BLAS/OpenMP thread each, so processes do not oversubscribe
-    the cores (the executor's own threads still run independent ops side by side)."""
-    for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-        os.environ.setdefault(name, "1")
-
-
 def main() -> None:
-    _one_thread_per_process()
+    one_thread_per_process()
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--iters", type=int, default=8)
     parser.add_argument("--batch", type=int, default=32)
