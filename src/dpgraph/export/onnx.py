@@ -200,11 +200,36 @@ def _input_specs(inputs: Mapping[str, Any]) -> dict[str, tuple[list[int | str], 
             shape, dtype = spec
         else:
             shape, dtype = spec, np.float32
-        dims: list[int | str] = []
-        for dim in shape:
-            dims.append(dim if isinstance(dim, str) else "N" if dim is None else int(dim))
-        specs[str(name)] = (dims, np.dtype(dtype))
+        specs[str(name)] = (_spec_dims(name, shape), _spec_dtype(name, dtype))
     return specs
+
+
+def _spec_dims(name: Any, shape: Any) -> list[int | str]:
+    """The dims of input ``name``: ints >= 0, or str/None for symbolic dims."""
+    if isinstance(shape, (str, bytes)) or not isinstance(shape, (tuple, list)):
+        raise ExportError(f"input {name!r}: shape {shape!r} is not a tuple of dims; give e.g. "
+                          "inputs={'data': (1, 3, 224, 224)} or ((\"N\", 3), 'float32').")
+    dims: list[int | str] = []
+    for dim in shape:
+        if isinstance(dim, str) or dim is None:
+            dims.append(dim if isinstance(dim, str) else "N")
+        elif isinstance(dim, bool) or not hasattr(type(dim), "__index__") or int(dim) < 0:
+            raise ExportError(f"input {name!r}: dim {dim!r} of shape {list(shape)} must be an "
+                              "int >= 0, or a name (str) or None for a symbolic dim.")
+        else:
+            dims.append(int(dim))
+    return dims
+
+
+def _spec_dtype(name: Any, dtype: Any) -> np.dtype:
+    try:
+        result = np.dtype(dtype)
+    except TypeError:
+        result = None
+    if result is None or result.kind not in "fiub":
+        raise ExportError(f"input {name!r}: dtype {dtype!r} cannot be exported; use a numeric "
+                          "dtype such as 'float32', 'int64' or 'bool'.")
+    return result
 
 
 def _stand_in(dims: Sequence[int | str]) -> tuple[int, ...]:
@@ -349,7 +374,8 @@ def _assemble(builder: OnnxBuilder, proto: caffe2_pb2.NetDef,
     for blob in result_names:
         current = builder.current.get(blob)
         if current is None:
-            raise ExportError(f"output {blob!r} is not produced by net {proto.name!r}")
+            raise ExportError(f"output {blob!r} is not produced by net {proto.name!r}; name "
+                              "blobs that an op of the net writes in `outputs`")
         if current != blob:
             if blob in specs or blob in builder.params:
                 raise ExportError(f"output {blob!r} is also a graph input or parameter; "
