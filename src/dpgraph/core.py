@@ -20,7 +20,9 @@ from dpgraph.ir.net import (
     DEFAULT_REMAP_FUNCS,
     Net,
     clone_and_bind_net,
+    control_op_remap,
     recurrent_network_op_remap,
+    remap_input,
 )
 from dpgraph.ir.operator import (
     CreateOperator,
@@ -147,7 +149,8 @@ __all__ = [
     "RefreshRegisteredOperators", "RegisteredOperators", "SetEnginePref",
     "SetGlobalEnginePref", "SetOpEnginePref", "ScopedBlobReference", "ScopedName",
     "DEFAULT_REMAP_FUNCS", "_RectifyInputOutput", "clone_and_bind_net", "get_net_name",
-    "recurrent_network_op_remap", "device_equal", "device_option_equal",
+    "recurrent_network_op_remap", "control_op_remap", "remap_input", "device_equal",
+    "device_option_equal",
     "get_op_ids_in_path", "get_output_producers", "get_ssa", "get_undefined_blobs",
     "output_to_list",
 ]

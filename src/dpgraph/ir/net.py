@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 import threading
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -297,7 +297,11 @@ class Net:
         """
         from dpgraph.ir.analysis import get_op_ids_in_path, get_ssa, get_undefined_blobs
 
-        input_names = [str(i) for i in inputs]
+        input_map = {str(k): str(v) for k, v in _input_pairs(inputs)}
+        for output in outputs:
+            if not self.BlobIsDefined(output):
+                raise NetError(f"{output} is not defined in net {self.Name()!r}")
+        input_names = list(input_map)
         output_names = [str(o) for o in outputs]
         ssa, blob_versions = get_ssa(self._net, dict.fromkeys(input_names, 0))
         used = get_op_ids_in_path(ssa, blob_versions, input_names, output_names)
@@ -308,7 +312,7 @@ class Net:
                 f"generate the given inputs {input_names}.")
         undefined = get_undefined_blobs([ssa[i] for i in used]) - set(input_names)
         prefix = name + "/" if name else ""
-        mapping = {b: b if b in input_names or b in undefined else prefix + b
+        mapping = {b: input_map[b] if b in input_map else b if b in undefined else prefix + b
                    for b in blob_versions}
         new_net = self.Clone(name, mapping, used, remap_funcs)
         new_inputs = [mapping[i] for i in input_names] + sorted(undefined)
@@ -499,6 +503,61 @@ class Net:
     def has_output_record(self) -> bool:
         return self._output_record is not None
 
+    def _CheckLookupTables(self) -> None:
+        """Caffe2's test hook: the blob lookup tables cover the proto's op outputs and
+        external inputs."""
+        self._lookup()
+        missing = ({o for op in self._net.op for o in op.output} - self._op_outputs) | (
+            set(self._net.external_input) - self._external_input_map)
+        if missing:
+            raise NetError(f"net {self.Name()!r}: lookup tables miss {sorted(missing)}")
+
+    def PopulateProtoWithFileName(self) -> None:
+        """Name each op ``file:line:function`` after the code that created it (Caffe2)."""
+        stacks = operator_tracebacks.get(self.Name(), {})
+        for index, op in enumerate(self._net.op):
+            if stacks.get(index):
+                op.name = ":".join(map(str, stacks[index][0]))
+
+    def insert_op_at_idx(self, op: caffe2_pb2.OperatorDef, op_idx: int) -> None:
+        """Insert ``op`` before op ``op_idx`` (the external lists stay as they are)."""
+        if op_idx < 0:
+            raise NetError(f"insert_op_at_idx: index {op_idx} of net {self.Name()!r} is "
+                           "negative")
+        tail = []
+        for old in self._net.op[op_idx:]:
+            copy = caffe2_pb2.OperatorDef()
+            copy.CopyFrom(old)
+            tail.append(copy)
+        del self._net.op[op_idx:]
+        self._net.op.extend([op, *tail])
+        self._recreate_lookup_tables = True
+
+    def reroute_tensor(self, tensor: Any, new_producer: caffe2_pb2.OperatorDef,
+                       can_modify: Any = None) -> int:
+        """Insert ``new_producer`` (which reads ``tensor``) right after ``tensor``'s producer
+        and make the ops of ``can_modify`` read its first output instead; returns how many
+        ops were rerouted (Caffe2; assumes no in-place blob)."""
+        tensor = str(tensor)
+        if tensor in self._net.external_input:
+            index = -1
+        else:
+            if tensor not in new_producer.input:
+                raise NetError(f"new producer {new_producer.type} is not taking in {tensor}")
+            index = next((i for i, op in enumerate(self._net.op) if tensor in op.output), -2)
+        self.insert_op_at_idx(new_producer, index + 1)
+        new_tensor = new_producer.output[0]
+        if tensor in self._net.external_output:
+            renamed = [new_tensor if b == tensor else b for b in self._net.external_output]
+            del self._net.external_output[:]
+            self._net.external_output.extend(renamed)
+        count = 0
+        for op in self._net.op if can_modify else ():
+            if op in can_modify:
+                remap_input(op, {tensor: new_tensor})
+                count += 1
+        return count
+
     def IsGPU(self) -> bool:
         return IsGPUDeviceType(self._net.device_option.device_type)
 
@@ -507,6 +566,8 @@ def _creation_stack() -> list[tuple[str, int, str]]:
     """Caffe2's ``_extract_stacktrace``: ``(file, line, function)`` of each caller frame,
     most recent first, read from the frames alone (no source file access)."""
     frame: Any = sys._getframe(2)
+    while frame is not None and frame.f_code.co_filename == __file__:
+        frame = frame.f_back
     result = []
     while frame is not None:
         code = frame.f_code
@@ -523,16 +584,40 @@ def _rename_op(op: caffe2_pb2.OperatorDef, rename: Callable[[str], str]) -> None
 
 
 def _recompute_externals(proto: caffe2_pb2.NetDef) -> None:
+    """Caffe2's ``update_external_list``: external inputs are the op inputs no earlier op
+    writes; external outputs are the op outputs no later op reads (in op order, as Caffe2
+    lists them)."""
     produced: set[str] = set()
+    used: set[str] = set()
     inputs: list[str] = []
     for op in proto.op:
-        inputs.extend(b for b in op.input if b not in produced and b not in inputs)
+        for blob in op.input:
+            if blob in produced:
+                used.add(blob)
+            else:
+                inputs.append(blob)
         produced.update(op.output)
-    outputs = [b for b in proto.external_output if b in produced]
     del proto.external_input[:]
     proto.external_input.extend(inputs)
     del proto.external_output[:]
-    proto.external_output.extend(outputs)
+    proto.external_output.extend(o for op in proto.op for o in op.output if o not in used)
+
+
+def _input_pairs(inputs: Any) -> list[tuple[Any, Any]]:
+    """``ClonePartial``'s inputs as (name, new name) pairs: a mapping, a list of pairs, or
+    names kept as they are."""
+    if isinstance(inputs, Mapping):
+        return list(inputs.items())
+    if isinstance(inputs, list) and all(isinstance(i, tuple) and len(i) == 2 for i in inputs):
+        return list(inputs)
+    return [(i, i) for i in inputs]
+
+
+def remap_input(op: caffe2_pb2.OperatorDef, blob_name_remapping: dict[str, str]) -> None:
+    """Caffe2's ``core.remap_input``: rename ``op``'s inputs through the mapping."""
+    renamed = [blob_name_remapping.get(b, b) for b in op.input]
+    del op.input[:]
+    op.input.extend(renamed)
 
 
 def clone_and_bind_net(net: Net, name: str, prefix: str,
@@ -628,7 +713,26 @@ def recurrent_network_op_remap(op: caffe2_pb2.OperatorDef, prefix: str,
 
 
 #: Remap functions ``Net.Clone`` always applies (a caller's ``remap_funcs`` override them).
+def control_op_remap(op: caffe2_pb2.OperatorDef, prefix: str,
+                     blob_remap: dict[str, str]) -> None:
+    """Caffe2's remap for If/AsyncIf (``then_net``, ``else_net``) and While (``loop_net``,
+    ``cond_net``) in ``Net.Clone``: the nested nets are cloned through ``blob_remap``."""
+    names = ("then_net", "else_net") if op.type in ("If", "AsyncIf") else ("loop_net",
+                                                                           "cond_net")
+    for argument in op.arg:
+        if argument.name in names:
+            if not argument.HasField("n"):
+                raise NetError(f"Expected non empty net in {op.type}'s {argument.name} "
+                               "argument")
+            subnet = Net(argument.n)
+            remapped = subnet.Clone(name=subnet.Name() + "_remapped", blob_remap=blob_remap)
+            argument.n.CopyFrom(remapped.Proto())
+
+
 DEFAULT_REMAP_FUNCS: dict[str, Callable[..., Any]] = {
     "RecurrentNetwork": recurrent_network_op_remap,
     "RecurrentNetworkGradient": recurrent_network_op_remap,
+    "If": control_op_remap,
+    "AsyncIf": control_op_remap,
+    "While": control_op_remap,
 }
