@@ -151,6 +151,21 @@ def huge_checkpoint(env: Env) -> None:
     write(env, "huge.ckpt", message.SerializeToString())
 
 
+def deep_plan(levels: int) -> caffe2_pb2.PlanDef:
+    plan = caffe2_pb2.PlanDef(name="deep_plan")
+    step = plan.execution_step.add(name="step0")
+    for level in range(levels):
+        step = step.substep.add(name=f"step{level + 1}")
+    return plan
+
+
+def huge_fill_plan() -> caffe2_pb2.PlanDef:
+    plan = caffe2_pb2.PlanDef(name="huge_plan")
+    plan.network.append(huge_fill_net().Proto())
+    plan.execution_step.add(name="init", network=[plan.network[0].name])
+    return plan
+
+
 def gpu_net(env: Env) -> core.Net:
     net = core.Net("on_gpu")
     with core.DeviceScope(core.DeviceOption(CUDA, 3)):
@@ -524,6 +539,10 @@ RUNTIME_CASES = [
          ("Relu", "gpu_3"), "SetVirtualGpus", setup=feed(x=np.ones(2, F32))),
     case("runtime/run_plan_garbage_bytes", lambda e: ws.RunPlan(GARBAGE), ProtoError,
          ("serialized PlanDef",), "binary Caffe2 protobuf"),
+    case("runtime/run_plan_deep_steps", lambda e: ws.RunPlan(deep_plan(150)),
+         ResourceLimitError, ("'deep_plan'", "step100"), "flatten the substeps"),
+    case("runtime/run_plan_huge_fill", lambda e: ws.RunPlan(huge_fill_plan()),
+         ResourceLimitError, ("ConstantFill", "huge_w"), HINT_LIMIT),
     case("runtime/switch_to_missing_workspace", lambda e: ws.SwitchWorkspace("nope_ws"),
          WorkspaceError, ("'nope_ws'",), "create_if_missing=True"),
     case("runtime/deserialize_garbage", lambda e: ws.DeserializeBlob("x", GARBAGE),

@@ -22,7 +22,13 @@ from dpgraph.db.services import StorageServices
 from dpgraph.errors import BlobNotFoundError, DpgraphError, WorkspaceError, did_you_mean
 from dpgraph.ir import scope
 from dpgraph.ir.device import device_key, device_name
-from dpgraph.ir.proto_io import check_nesting, check_tensor_size, nested_nets, parse_proto
+from dpgraph.ir.proto_io import (
+    ProtoLimitError,
+    check_nesting,
+    check_tensor_size,
+    nested_nets,
+    parse_proto,
+)
 from dpgraph.ops.fill import NUMPY_DTYPES
 from dpgraph.proto import caffe2_pb2
 from dpgraph.runtime import devices
@@ -88,6 +94,26 @@ def check_net_limits(proto: caffe2_pb2.NetDef) -> None:
             check_tensor_size(shape, _declared_itemsize(op), (
                 f"op {index} ({op.type}) of net {net.name!r}, output "
                 f"{list(op.output)[:1]}"))
+
+
+#: Execution steps may nest as deep as protobuf lets a parsed PlanDef nest them.
+MAX_STEP_DEPTH = 100
+
+
+def check_plan_limits(plan: caffe2_pb2.PlanDef) -> None:
+    """Refuse, before anything runs, a plan whose steps nest deeper than protobuf allows in
+    a file (a Python-built plan could otherwise exhaust the stack) or whose nets break
+    :func:`check_net_limits`."""
+    pending = [(step, 1) for step in plan.execution_step]
+    while pending:
+        step, depth = pending.pop()
+        if depth > MAX_STEP_DEPTH:
+            raise ProtoLimitError(
+                f"plan {plan.name!r}: execution steps nest more than {MAX_STEP_DEPTH} levels "
+                f"deep (at step {step.name!r}); flatten the substeps.")
+        pending.extend((sub, depth + 1) for sub in step.substep)
+    for net in plan.network:
+        check_net_limits(net)
 
 
 def _declared_itemsize(op: caffe2_pb2.OperatorDef) -> int:
@@ -333,6 +359,9 @@ class Workspace:
         if isinstance(plan, (bytes, str)):
             data = plan.encode("latin-1") if isinstance(plan, str) else plan
             plan = parse_proto(caffe2_pb2.PlanDef, data, "serialized PlanDef")
+        proto = plan.Proto() if hasattr(plan, "Proto") else plan
+        if isinstance(proto, caffe2_pb2.PlanDef):
+            check_plan_limits(proto)
         run_plan(self, plan)
         return True
 
