@@ -28,13 +28,20 @@ _names_lock = threading.Lock()
 _used_net_names: set[str] = set()
 
 
+#: Callables returning a prefix for new net names (Caffe2: the current NetBuilder's name);
+#: dpgraph.jobs.net_builder installs one.
+NET_NAME_PREFIXES: list[Callable[[], str]] = []
+
+
 def _unique_net_name(name: str) -> str:
-    """``name``, or ``name_1``, ``name_2``, ... if a net of that name already exists."""
+    """``[prefix/]name``, or with ``_1``, ``_2``, ... if a net of that name already exists."""
+    prefix = "/".join(p for p in (f() for f in NET_NAME_PREFIXES) if p)
+    base = "/".join(x for x in (prefix, name) if x)
     with _names_lock:
-        candidate, index = name, 0
+        candidate, index = base, 0
         while candidate in _used_net_names:
             index += 1
-            candidate = f"{name}_{index}"
+            candidate = f"{base}_{index}"
         _used_net_names.add(candidate)
         return candidate
 
@@ -496,6 +503,21 @@ class Net:
             if str(blob) not in self._net.external_output:
                 self.AddExternalOutput(BlobReference(str(blob)))
         self._output_record = record
+
+    def AppendOutputRecordField(self, field_name: str, record: Any) -> None:
+        """Add ``record`` as field ``field_name`` of the output record (which must exist);
+        its blobs must be defined and become external outputs."""
+        if self._output_record is None:
+            raise NetError(f"Net {self.Name()!r}: tried to append to a missing output record; "
+                           "set one with set_output_record first")
+        for blob in record.field_blobs():
+            if not self.BlobIsDefined(blob):
+                raise NetError(f"{blob} is not defined in net {self.Name()!r}")
+        for blob in record.field_blobs():
+            if str(blob) not in self._net.external_output:
+                self.AddExternalOutput(BlobReference(str(blob)))
+        struct = type(self._output_record)  # schema.Struct (ir does not import jobs)
+        self._output_record = self._output_record + struct((field_name, record))
 
     def has_input_record(self) -> bool:
         return self._input_record is not None
