@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 from _autodiff_testops import assert_ops, op
 
-from dpgraph import core
 from dpgraph.autodiff import GetBackwardPass
 from dpgraph.errors import GradientError
 from dpgraph.ir.blob import BlobReference, GradientSlice
@@ -82,44 +81,3 @@ def test_ensure_dense_turns_accumulated_slices_dense() -> None:
     assert last.type == "SparseToDense"
     assert list(last.input[:2]) == ["x2_grad_indices_concat", "x2_grad_values_concat"]
     assert grad_map["x0"] == last.output[0]
-
-
-# --- pass-through makers ---------------------------------------------------------------------
-def _add_is_pass_through() -> bool:
-    ops, _ = core.GradientRegistry.GetGradientForOp(
-        core.CreateOperator("Add", ["a", "b"], "c"), ["c_grad"])
-    return not ops
-
-
-older_add = pytest.mark.skipif(
-    not _add_is_pass_through(), reason="Add/Sub have the final AddGradient/SubGradient "
-    "makers; tests/autodiff/test_final_naming.py covers them")
-
-
-@older_add
-def test_add_pass_through_joins_the_sum_as_is() -> None:
-    ops = [op("Direct", "x1", "x2"), op("Direct", "x2", "x3"), op("Add", ["x3", "x2"], "y")]
-    grad_ops, grad_map = GetBackwardPass(ops, {"y": "y_grad"})
-    assert_ops(grad_ops, [("DirectGradient", "y_grad", "x2_grad"),
-                          ("Sum", ["x2_grad", "y_grad"], "x2_grad"),
-                          ("DirectGradient", "x2_grad", "x1_grad")])
-    assert grad_map["x3"] == "y_grad" and grad_map["x1"] == "x1_grad"
-
-
-@older_add
-def test_sub_in_the_middle_uses_autosplit() -> None:
-    ops = [op("Direct", "x1", "x2"), op("Direct", "x2", "x3"), op("Sub", ["x3", "x2"], "y")]
-    grad_ops, grad_map = GetBackwardPass(ops, {"y": "y_grad"})
-    assert_ops(grad_ops, [("Negative", "y_grad", "x2_grad"),
-                          ("DirectGradient", "y_grad", "_x2_grad_autosplit_0"),
-                          ("Sum", ["x2_grad", "_x2_grad_autosplit_0"], "x2_grad"),
-                          ("DirectGradient", "x2_grad", "x1_grad")])
-    assert grad_map["x1"] == "x1_grad"
-
-
-@older_add
-def test_pass_through_only_pieces_sum_into_a_new_name() -> None:
-    ops = [op("Add", ["x", "x"], "y")]
-    grad_ops, grad_map = GetBackwardPass(ops, {"y": "y_grad"})
-    assert_ops(grad_ops, [("Sum", ["y_grad", "y_grad"], "x_grad")])
-    assert grad_map["x"] == "x_grad"

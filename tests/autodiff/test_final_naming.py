@@ -19,22 +19,11 @@ def _summary(ops):
     return [(o.type, list(o.input), list(o.output)) for o in ops]
 
 
-def _add_is_final() -> bool:
-    ops, _ = core.GradientRegistry.GetGradientForOp(_op("Add", ["a", "b"], "c"), ["c_grad"])
-    return bool(ops) and ops[0].type == "AddGradient"
-
-
-needs_final_add = pytest.mark.skipif(
-    not _add_is_final(), reason="Add/Sub still use the pass-through gradient maker in "
-    "ops/math.py (F-requests.md #1 switches them to AddGradient/SubGradient)")
-
-
 def test_ir_exposes_the_final_tags():
     assert core.IR.ONLY_KEEP_IS_AUTO_GEN_SUM_OPS_TAG == "only_keep_is_auto_gen_sum_ops_tag"
     assert core.IR.IS_AUTO_GEN_SUM_OPS_TAG == "is_auto_gen_sum_ops"
 
 
-@needs_final_add
 @pytest.mark.parametrize("op_type", ["Add", "Sub"])
 def test_op_in_middle(op_type):
     ops = [_op("Relu", "x1", "x2"), _op("Softmax", "x2", "x3"),
@@ -49,7 +38,6 @@ def test_op_in_middle(op_type):
     assert grad_map["x1"] == "x1_grad"
 
 
-@needs_final_add
 @pytest.mark.parametrize("op_type", ["Add", "Sub"])
 def test_op_at_leaf_and_multi_layer(op_type):
     ops = [_op(op_type, ["x1", "x2"], "x4"), _op(op_type, ["x2", "x3"], "x5"),
