@@ -11,6 +11,7 @@ from dpgraph.modeling.optimizer.base import (
     BuildUniqueMutexIter,
     Optimizer,
     current_device,
+    effective_outputs,
 )
 from dpgraph.modeling.parameter_info import ParameterInfo
 from dpgraph.proto import caffe2_pb2
@@ -50,15 +51,6 @@ def _inferred_shape(param_init_net: Any, param: Any) -> list[int] | None:
         return None
     shape = shapes.get(str(param))
     return None if shape is None else [int(d) for d in shape]
-
-
-def _effective_outputs(param: Any, output_effective_lr: bool,
-                       output_effective_lr_and_update: bool) -> list[str]:
-    if output_effective_lr_and_update:
-        return [str(param) + "_effective_lr", str(param) + "_update"]
-    if output_effective_lr:
-        return [str(param) + "_effective_lr"]
-    return []
 
 
 class AdagradOptimizer(Optimizer):
@@ -126,9 +118,7 @@ class AdagradOptimizer(Optimizer):
         if self.alpha <= 0:
             return
         sparse = isinstance(grad, GradientSlice)
-        self._clear_local_lr_multiplier()
-        if self.lars is not None and not sparse:
-            self._add_lars_multiplier(net, param_init_net, param, grad, self.lars)
+        self._start_local_lr(net, param_init_net, param, grad, self.lars)
         lr, lr_iteration = self.build_lr(net, param_init_net, base_learning_rate=self.alpha,
                                          policy=self.policy, **self.init_kwargs)
         if self.counter_halflife > 0:
@@ -144,8 +134,8 @@ class AdagradOptimizer(Optimizer):
                     "If SparseAdagrad with rowWise=True, gradient must be a gradientslice. "
                     "Please ensure that rowWise is not enabled for the dense Adagrad "
                     "optimizer.")
-            extra = _effective_outputs(param, self.output_effective_lr,
-                                       self.output_effective_lr_and_update)
+            extra = effective_outputs(param, self.output_effective_lr,
+                                      self.output_effective_lr_and_update)
             net.Adagrad([param, squared_sum, grad, lr], [param, squared_sum, *extra],
                         epsilon=self.epsilon, decay=float(self.decay), **wd_args,
                         engine=self.engine)
@@ -303,8 +293,9 @@ class RmsPropOptimizer(Optimizer):
         self.alpha *= scale
 
 
-class FtrlOptimizer(Optimizer):
-    """FTRL-proximal with state ``<param>_ftrl_nz`` (param shape + [2])."""
+class FtrlBase(Optimizer):
+    """The settings, ``<param>_*nz`` state and lr scaling FTRL and group-lasso FTRL share
+    (each stays its own Optimizer subclass, as in Caffe2)."""
 
     def __init__(self, alpha: float = 0.01, beta: float = 1e-4, lambda1: float = 0,
                  lambda2: float = 0, sparse_dedup_aggregator: Any = None,
@@ -317,23 +308,35 @@ class FtrlOptimizer(Optimizer):
         self.sparse_dedup_aggregator = sparse_dedup_aggregator
         self.engine = engine
 
+    def _nz_state(self, param_init_net: Any, param: Any, suffix: str) -> Any:
+        """The zero ``<param><suffix>`` blob of shape param + [2] (a local aux param)."""
+        nz = param_init_net.ConstantFill([param], str(param) + suffix, extra_shape=[2],
+                                         value=0.0)
+        self._aux_params.local.append(nz)
+        return nz
+
+    def _settings(self) -> dict[str, Any]:
+        return {"engine": self.engine, "alpha": self.alpha, "beta": self.beta,
+                "lambda1": self.lambda1, "lambda2": self.lambda2}
+
+    def scale_learning_rate(self, scale: float) -> None:
+        self.alpha *= scale
+
+
+class FtrlOptimizer(FtrlBase):
+    """FTRL-proximal with state ``<param>_ftrl_nz`` (param shape + [2])."""
+
     def _run(self, net: Any, param_init_net: Any, param_info: ParameterInfo) -> None:
         param, grad = param_info.blob, param_info.grad
         if self.alpha <= 0:
             return
-        nz = param_init_net.ConstantFill([param], str(param) + "_ftrl_nz", extra_shape=[2],
-                                         value=0.0)
-        self._aux_params.local.append(nz)
-        settings = {"engine": self.engine, "alpha": self.alpha, "beta": self.beta,
-                    "lambda1": self.lambda1, "lambda2": self.lambda2}
+        nz = self._nz_state(param_init_net, param, "_ftrl_nz")
+        settings = self._settings()
         if isinstance(grad, GradientSlice):
             grad = self.dedup(net, self.sparse_dedup_aggregator, grad)
             net.SparseFtrl([param, nz, grad.indices, grad.values], [param, nz], **settings)
         else:
             net.Ftrl([param, nz, grad], [param, nz], **settings)
-
-    def scale_learning_rate(self, scale: float) -> None:
-        self.alpha *= scale
 
 
 class YellowFinOptimizer(Optimizer):

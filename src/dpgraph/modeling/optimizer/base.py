@@ -151,6 +151,14 @@ class Optimizer:
         self._local_lr_multiplier = None
         self._local_lr_multiplier_on_gpu = False
 
+    def _start_local_lr(self, net: Any, param_init_net: Any, param: Any, grad: Any,
+                        lars: float | None) -> None:
+        """Caffe2's update prologue: clear the local lr multiplier, then make the LARS
+        multiplier (offset ``lars``) the param's local one when set and ``grad`` is dense."""
+        self._clear_local_lr_multiplier()
+        if lars is not None and not isinstance(grad, GradientSlice):
+            self._add_lars_multiplier(net, param_init_net, param, grad, lars)
+
     def create_lars_inputs(self, param_init_net: Any, weight_decay: float, trust: float,
                            lr_max: float) -> tuple[Any, Any, Any]:
         """The [1] blobs ``weight_decay``, ``trust`` and ``lr_max`` the Lars op reads."""
@@ -192,6 +200,17 @@ class Optimizer:
     def scale_learning_rate(self, *args: Any, **kwargs: Any) -> None:
         raise NotImplementedError(
             "Optimizer Need to Implement `scale_learning_rate` method.")
+
+
+def effective_outputs(param: Any, output_effective_lr: bool,
+                      output_effective_lr_and_update: bool) -> list[str]:
+    """The optional extra outputs of a dense update op: ``<param>_effective_lr`` and, with
+    ``output_effective_lr_and_update``, ``<param>_update``."""
+    if output_effective_lr_and_update:
+        return [str(param) + "_effective_lr", str(param) + "_update"]
+    if output_effective_lr:
+        return [str(param) + "_effective_lr"]
+    return []
 
 
 def current_device() -> caffe2_pb2.DeviceOption:

@@ -8,17 +8,9 @@ from typing import Any
 
 from dpgraph.errors import ModelConfigError
 from dpgraph.ir.blob import GradientSlice
-from dpgraph.modeling.optimizer.base import Optimizer
+from dpgraph.modeling.optimizer.adaptive import FtrlBase
+from dpgraph.modeling.optimizer.base import Optimizer, effective_outputs
 from dpgraph.modeling.parameter_info import ParameterInfo
-
-
-def _effective_outputs(param: Any, output_effective_lr: bool,
-                       output_effective_lr_and_update: bool) -> list[str]:
-    if output_effective_lr_and_update:
-        return [str(param) + "_effective_lr", str(param) + "_update"]
-    if output_effective_lr:
-        return [str(param) + "_effective_lr"]
-    return []
 
 
 class WngradOptimizer(Optimizer):
@@ -46,9 +38,7 @@ class WngradOptimizer(Optimizer):
         param, grad = param_info.blob, param_info.grad
         if self.alpha <= 0:
             return
-        self._clear_local_lr_multiplier()
-        if self.lars is not None and not isinstance(grad, GradientSlice):
-            self._add_lars_multiplier(net, param_init_net, param, grad, self.lars)
+        self._start_local_lr(net, param_init_net, param, grad, self.lars)
         lr, _ = self.build_lr(net, param_init_net, base_learning_rate=self.alpha,
                               policy=self.policy, **self.init_kwargs)
         moment = param_init_net.ConstantFill([], str(param) + "_moment", shape=[1],
@@ -59,8 +49,8 @@ class WngradOptimizer(Optimizer):
             net.SparseWngrad([param, moment, grad.indices, grad.values, lr], [param, moment],
                              epsilon=self.epsilon, engine=self.engine)
             return
-        extra = _effective_outputs(param, self.output_effective_lr,
-                                   self.output_effective_lr_and_update)
+        extra = effective_outputs(param, self.output_effective_lr,
+                                  self.output_effective_lr_and_update)
         net.Wngrad([param, moment, grad, lr], [param, moment, *extra], epsilon=self.epsilon,
                    engine=self.engine)
 
@@ -89,9 +79,7 @@ class StormOptimizer(Optimizer):
         param, grad = param_info.blob, param_info.grad
         if self.lr <= 0:
             return
-        self._clear_local_lr_multiplier()
-        if self.lars is not None and not isinstance(grad, GradientSlice):
-            self._add_lars_multiplier(net, param_init_net, param, grad, self.lars)
+        self._start_local_lr(net, param_init_net, param, grad, self.lars)
         lr, _ = self.build_lr(net, param_init_net, base_learning_rate=self.lr,
                               policy=self.policy, **self.init_kwargs)
         moment = param_init_net.ConstantFill(param, str(param) + "_moment", value=0.0)
@@ -152,36 +140,19 @@ class AdadeltaOptimizer(Optimizer):
         self.alpha *= scale
 
 
-class GFtrlOptimizer(Optimizer):
+class GFtrlOptimizer(FtrlBase):
     """Group-lasso FTRL (dense only) with state ``<param>_gftrl_nz`` (param shape + [2])."""
-
-    def __init__(self, alpha: float = 0.01, beta: float = 1e-4, lambda1: float = 0,
-                 lambda2: float = 0, sparse_dedup_aggregator: Any = None,
-                 engine: str = "") -> None:
-        super().__init__()
-        self.alpha = alpha
-        self.beta = beta
-        self.lambda1 = lambda1
-        self.lambda2 = lambda2
-        self.sparse_dedup_aggregator = sparse_dedup_aggregator
-        self.engine = engine
 
     def _run(self, net: Any, param_init_net: Any, param_info: ParameterInfo) -> None:
         param, grad = param_info.blob, param_info.grad
         if self.alpha <= 0:
             return
-        nz = param_init_net.ConstantFill([param], str(param) + "_gftrl_nz", extra_shape=[2],
-                                         value=0.0)
-        self._aux_params.local.append(nz)
+        nz = self._nz_state(param_init_net, param, "_gftrl_nz")
         if isinstance(grad, GradientSlice):
             raise ModelConfigError(
                 f"GFtrlOptimizer: {param} has a sparse gradient; group-lasso FTRL is dense "
                 "only (use FtrlOptimizer for sparse parameters).")
-        net.GFtrl([param, nz, grad], [param, nz], engine=self.engine, alpha=self.alpha,
-                  beta=self.beta, lambda1=self.lambda1, lambda2=self.lambda2)
-
-    def scale_learning_rate(self, scale: float) -> None:
-        self.alpha *= scale
+        net.GFtrl([param, nz, grad], [param, nz], **self._settings())
 
 
 class DecayAdagradOptimizer(Optimizer):

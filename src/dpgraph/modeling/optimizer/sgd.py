@@ -40,9 +40,7 @@ class SgdOptimizer(Optimizer):
         if self.base_learning_rate == 0:
             return
         _check_lr("SgdOptimizer", self.base_learning_rate)
-        self._clear_local_lr_multiplier()
-        if self.lars is not None and not isinstance(grad, GradientSlice):  # dense only
-            self._add_lars_multiplier(net, param_init_net, param, grad, self.lars)
+        self._start_local_lr(net, param_init_net, param, grad, self.lars)
         # WeightedSum needs a negative lr; MomentumSGDUpdate takes a positive one.
         lr_sign = -1 if self.momentum else 1
         lr, _ = self.build_lr(net, param_init_net,
