@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from dpgraph.errors import DpgraphError, ExportError, ProtoError
-from dpgraph.ir.proto_io import proto_of, read_proto, write_proto
+from dpgraph.ir.proto_io import netdef_of, read_proto, write_proto
 from dpgraph.proto import caffe2_pb2
 
 PREDICT_NET_FILE = "predict_net.pb"
@@ -42,13 +42,6 @@ FILL_OP_TYPES = frozenset({"GivenTensorFill", "GivenTensorDoubleFill", "GivenTen
                            "GivenTensorInt64Fill", "GivenTensorBoolFill",
                            "GivenTensorStringFill", "GivenTensorByteStringToUInt8Fill",
                            "ConstantFill"})
-
-
-def _net_proto(net: Any) -> caffe2_pb2.NetDef:
-    proto = proto_of(net)
-    if not isinstance(proto, caffe2_pb2.NetDef):
-        raise ExportError(f"expected a Net or NetDef, got {type(net).__name__}")
-    return proto
 
 
 def fill_op(name: str, value: Any) -> caffe2_pb2.OperatorDef:
@@ -134,7 +127,7 @@ def save_predictor(path: str | os.PathLike[str], predict_net: Any,
         ExportError: a parameter is missing or has an unsupported dtype, a predict-net input
             is neither a parameter nor a declared data input, or ``path`` is not usable.
     """
-    proto = _net_proto(predict_net)
+    proto = netdef_of(predict_net, ExportError)
     values = _fetch_params(params, workspace)
     target = Path(path)
     if target.exists() and not target.is_dir():
@@ -155,7 +148,7 @@ def evaluate_init_net(init_net: Any) -> dict[str, np.ndarray]:
     """Run an init net in a scratch workspace and return every blob it outputs."""
     from dpgraph.runtime import Workspace
 
-    proto = _net_proto(init_net)
+    proto = netdef_of(init_net, ExportError)
     ws = Workspace("dpgraph-init-eval", seed=0)
     try:
         ws.run_net_once(proto)
@@ -260,7 +253,7 @@ def _parse_net(net: Any) -> caffe2_pb2.NetDef:
         proto = caffe2_pb2.NetDef()
         proto.ParseFromString(bytes(net))
         return proto
-    return _net_proto(net)
+    return netdef_of(net, ExportError)
 
 
 class WorkspacePredictor:
