@@ -15,6 +15,7 @@ from dpgraph.errors import ArgumentError, DBError, ShapeError
 from dpgraph.ir.blob_serde import decode_tensor_protos, decode_tensor_protos_batch
 from dpgraph.ir.registry import register_gradient, register_op
 from dpgraph.ops.context import OpContext, Outputs
+from dpgraph.ops.fill import no_gradient
 
 if TYPE_CHECKING:
     from dpgraph.db.reader import DBReader
@@ -109,9 +110,5 @@ def create_blobs_queue_db(ctx: OpContext) -> Outputs:
                                       ctx.output_name(0)),)
 
 
-def _no_gradient(g: Any) -> None:
-    """Caffe2's ``NO_GRADIENT``: gradients stop here."""
-
-
 for _op_type in ("CreateDB", "DBExists", "TensorProtosDBInput", "CreateBlobsQueueDB"):
-    register_gradient(_op_type)(_no_gradient)
+    register_gradient(_op_type)(no_gradient)

@@ -20,6 +20,7 @@ from dpgraph.errors import ArgumentError, DataInputError
 from dpgraph.ir.registry import register_gradient, register_op
 from dpgraph.ops.context import OpContext, Outputs
 from dpgraph.ops.db import on_device, reader_input, storage
+from dpgraph.ops.fill import no_gradient
 from dpgraph.proto import caffe2_pb2
 
 if TYPE_CHECKING:
@@ -302,9 +303,5 @@ def image_input(ctx: OpContext) -> Outputs:
     return tuple(on_device(ctx, out) for out in outputs)
 
 
-def _no_gradient(g: Any) -> None:
-    """Caffe2's ``NO_GRADIENT``: gradients stop here."""
-
-
 for _op_type in ("ImageInput",):
-    register_gradient(_op_type)(_no_gradient)
+    register_gradient(_op_type)(no_gradient)

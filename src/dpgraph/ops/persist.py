@@ -27,10 +27,11 @@ from dpgraph.ir.blob_serde import (
 from dpgraph.ir.blob_size import estimate_blob_size, estimate_tensor_size
 from dpgraph.ir.device import device_key
 from dpgraph.ir.registry import OPERATORS, register_gradient, register_op
-from dpgraph.ops import dataset_serde, map_ops  # noqa: F401  (register blob serializers)
+from dpgraph.ops import dataset_serde  # noqa: F401  (registers blob serializers)
 from dpgraph.ops.context import OpContext, Outputs
 from dpgraph.ops.db import on_device, reader_input, required_str, resolve_path, storage
 from dpgraph.ops.device_copy import OUTPUT_PLACEMENT
+from dpgraph.ops.fill import no_gradient
 
 if TYPE_CHECKING:
     from dpgraph.db.base import Cursor
@@ -377,10 +378,6 @@ def _all_blob_names(ctx: OpContext) -> Outputs:
 register_op("GetAllBlobNames", inputs=0, outputs=1)(_all_blob_names)
 
 
-def _no_gradient(g: Any) -> None:
-    """Caffe2's ``NO_GRADIENT``: gradients stop here."""
-
-
 for _op_type in ("Save", "Load", "Checkpoint", "Snapshot", "EstimateAllBlobSizes",
                  "GetAllBlobNames"):
-    register_gradient(_op_type)(_no_gradient)
+    register_gradient(_op_type)(no_gradient)

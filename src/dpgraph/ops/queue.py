@@ -19,6 +19,7 @@ import numpy as np
 from dpgraph.errors import DataInputError, QueueClosedError, ShapeError, WorkspaceError
 from dpgraph.ir.registry import register_gradient, register_op
 from dpgraph.ops.context import OpContext, Outputs
+from dpgraph.ops.fill import no_gradient
 
 #: Threads (idents) whose blocking queue waits should give up: worker threads being stopped
 #: by ``parallel_workers``/``data_workers``, so ``stop()`` can join them even when they wait
@@ -240,13 +241,6 @@ def close_blobs_queue(ctx: OpContext) -> Outputs:
     return ()
 
 
-from dpgraph.ops import rebatching_queue  # noqa: E402,F401  (registers the rebatching queue)
-
-
-def _no_gradient(g: Any) -> None:
-    """Caffe2's ``NO_GRADIENT``: gradients stop here."""
-
-
 for _op_type in ("CreateBlobsQueue", "EnqueueBlobs", "SafeEnqueueBlobs", "DequeueBlobs",
                  "SafeDequeueBlobs", "CloseBlobsQueue"):
-    register_gradient(_op_type)(_no_gradient)
+    register_gradient(_op_type)(no_gradient)
