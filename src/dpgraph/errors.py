@@ -141,6 +141,11 @@ class ParallelizeError(DpgraphError, AssertionError):
     """Parallelize was called with inconsistent arguments or a graph it cannot replicate."""
 
 
+class MissingGpuError(ParallelizeError, DeviceError):
+    """Parallelize was asked for GPUs this process does not have (Caffe2 only logged; set
+    DPGRAPH_ALLOW_MISSING_GPUS=1 for that)."""
+
+
 class NotSupportedError(DpgraphError, NotImplementedError):
     """A feature combination dpgraph does not support; the message says what to use."""
 

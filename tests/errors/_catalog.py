@@ -57,12 +57,6 @@ def case(case_id: str, call: Callable[[Env], Any], error: type[DpgraphError],
     return pytest.param(Case(call, error, tuple(names), hints, setup), id=case_id, marks=marks)
 
 
-def pending(request: str) -> Any:
-    """A case that needs a patch requested from another helper's files (strict xfail, so it
-    fails loudly once the patch lands and the mark must go)."""
-    return pytest.mark.xfail(strict=True, reason=f"needs {request} (tmp/dpgraph-notes)")
-
-
 # --- fingerprints ----------------------------------------------------------------------------
 def _digest(value: Any) -> Any:
     if isinstance(value, np.ndarray):

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from _catalog import CliFailure, Env, case, check_case, pending, run_cli
+from _catalog import CliFailure, Env, case, check_case, run_cli
 
 from dpgraph import brew, checkpoint, core, data_parallel_model, data_workers, model_helper
 from dpgraph import workspace as ws
@@ -599,11 +599,10 @@ PARALLEL_CASES = [
              "return BlobReferences",
              forward_fun=lambda m, s: [str(loss) for loss in forward(m, s)]),
     dpm_case("no_losses", ParallelizeError, ("device 0",), "return the list of loss",
-             forward_fun=lambda m, s: [], marks=pending("N-requests #1")),
+             forward_fun=lambda m, s: []),
     dpm_case("gpus_missing", ParallelizeError, ("[0, 1]", "0 GPU"),
              ("SetVirtualGpus", "DPGRAPH_ALLOW_MISSING_GPUS"), setup=no_gpus,
-             parallelize_fun=data_parallel_model.Parallelize_GPU,
-             marks=pending("N-requests #2")),
+             parallelize_fun=data_parallel_model.Parallelize_GPU,),
     case("parallelize/not_a_model",
         lambda e: data_parallel_model.Parallelize_CPU("m", lambda m: None, forward,
                                                       param_update_builder_fun=param_update,
@@ -716,14 +715,11 @@ DB_CASES = [
          ("TensorProtosDBInput", "{tmp}/records.minidb", "[1000000, 1000000]"), "limit",
          setup=tensor_protos_db),
     case("data_workers/fetcher_not_callable", init_workers(fetcher=5, batch_size=2),
-         DataInputError, ("fetch_fun",), "must be callable",
-         marks=pending("N-requests #4")),
+         DataInputError, ("fetch_fun",), "must be callable",),
     case("data_workers/no_blob_names", init_workers(names=(), batch_size=2),
-         DataInputError, ("input_blob_names",), "name the blobs",
-         marks=pending("N-requests #4")),
+         DataInputError, ("input_blob_names",), "name the blobs",),
     case("data_workers/zero_threads", init_workers(batch_size=2, num_worker_threads=0),
-         DataInputError, ("num_worker_threads",), "must be an int >= 1",
-         marks=pending("N-requests #4")),
+         DataInputError, ("num_worker_threads",), "must be an int >= 1",),
 ]
 
 CHECKPOINT_CASES = [

@@ -45,6 +45,22 @@ def get_worker_ids(num_workers: int) -> list[int]:
     return [global_coordinator.get_new_worker_id() for _ in range(num_workers)]
 
 
+def _check_worker_arguments(input_blob_names: list[Any], fetch_fun: Any, batch_size: Any,
+                            num_worker_threads: Any) -> None:
+    """Refuse arguments the workers could not run with, before any thread starts."""
+    if not callable(fetch_fun):
+        raise DataInputError(f"init_data_input_workers: fetch_fun must be callable "
+                             f"(fetch_fun(worker_id, batch_size) -> list of arrays), got "
+                             f"{type(fetch_fun).__name__}.")
+    if not list(input_blob_names):
+        raise DataInputError("init_data_input_workers: input_blob_names is empty; name the "
+                             "blobs the fetcher fills (e.g. ['data', 'label']).")
+    for what, value in (("batch_size", batch_size), ("num_worker_threads", num_worker_threads)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise DataInputError(f"init_data_input_workers: {what} must be an int >= 1, got "
+                                 f"{value!r}.")
+
+
 def init_data_input_workers(net: Any, input_blob_names: list[Any], fetch_fun: Callable,
                             batch_size: int, num_worker_threads: int = 2,
                             input_source_name: str = "train", max_buffered_batches: int = 800,
@@ -54,6 +70,7 @@ def init_data_input_workers(net: Any, input_blob_names: list[Any], fetch_fun: Ca
                             timeout: float = 600) -> GlobalCoordinator:
     """Fetcher threads feeding ``input_blob_names`` of ``net``; returns the coordinator
     (``start()``, ``stop()``, ``stop_coordinator(name)``, ``reset_data_input(...)``)."""
+    _check_worker_arguments(input_blob_names, fetch_fun, batch_size, num_worker_threads)
     device_option = scope.CurrentDeviceScope() or DeviceOption(caffe2_pb2.PROTO_CPU)
     metrics = Metrics(external_loggers)
     feeder = BatchFeeder(net, input_blob_names, batch_size, device_option,

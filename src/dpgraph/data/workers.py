@@ -112,7 +112,7 @@ class WorkerCoordinator:
         idents = [worker.ident for worker in self._workers]
         cancel_blocking_waits(idents)  # free workers blocked on a blobs queue
         for worker in self._workers:
-            if worker != threading.current_thread():
+            if worker != threading.current_thread() and worker.ident is not None:
                 worker.join(5.0)
         success = not any(worker.is_alive() for worker in self._workers)
         if success:

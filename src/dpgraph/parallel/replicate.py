@@ -54,6 +54,12 @@ def _check_losses(losses: Any, device: int) -> None:
             f"Model builder function must return list of loss blobs; on device {device} it "
             f"returned {type(losses).__name__} {losses!r}."
         )
+    if not losses:
+        raise ParallelizeError(
+            f"forward_pass_builder_fun returned no losses on device {device}; return the list "
+            "of loss BlobReferences to minimise, e.g. [loss] (Parallelize needs at least one "
+            "to seed the gradients)."
+        )
     for loss in losses:
         if not isinstance(loss, BlobReference):
             raise ParallelizeError(

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
-from dpgraph.errors import ParallelizeError
+from dpgraph.errors import MissingGpuError, ParallelizeError
 from dpgraph.ir import scope
 from dpgraph.ir.device import IsGPUDeviceType, device_name
 from dpgraph.parallel.config import ParallelConfig, check_supported
@@ -46,10 +47,23 @@ def validate_call(model: Any, config: ParallelConfig) -> None:
         )
 
 
+#: Set to 1 to only log missing GPUs, as Caffe2 did, instead of raising MissingGpuError.
+ENV_ALLOW_MISSING_GPUS = "DPGRAPH_ALLOW_MISSING_GPUS"
+
+
 def _warn_gpus(config: ParallelConfig) -> None:
     available = config.gpus_available
     if not IsGPUDeviceType(config.device_type) or available is None:
         return
     missing = [d for d in config.devices if d >= available]
-    if missing:
+    if not missing:
+        return
+    if os.environ.get(ENV_ALLOW_MISSING_GPUS, "") not in ("", "0"):
         log.warning("** Only %d GPUs available, GPUs %s requested", available, missing)
+        return
+    raise MissingGpuError(
+        f"Parallelize: only {available} GPU(s) available, GPU devices {missing} requested "
+        f"(devices={list(config.devices)}); pass devices=range(workspace.NumGpuDevices()), "
+        "use Parallelize_CPU / cpu_device=True, enable virtual GPUs with "
+        "workspace.SetVirtualGpus(n), or set DPGRAPH_ALLOW_MISSING_GPUS=1 to only log a "
+        "warning as Caffe2 did.")
