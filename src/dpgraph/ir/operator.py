@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import traceback
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from dpgraph.errors import BlobNameError, DeviceOptionTypeError
@@ -12,6 +12,11 @@ from dpgraph.ir import scope
 from dpgraph.ir.arguments import MakeArgument
 from dpgraph.ir.blob import BlobReference, ScopedBlobReference
 from dpgraph.proto import caffe2_pb2
+
+#: Functions called with every OperatorDef ``CreateOperator`` builds: Caffe2's core runs a new
+#: op at once in immediate mode, and the runtime (a layer up) installs that here while the
+#: mode is on (``workspace.StartImmediate``).
+CREATE_HOOKS: list[Callable[[caffe2_pb2.OperatorDef], None]] = []
 
 if TYPE_CHECKING:
     from dpgraph.ir.net import Net
@@ -98,4 +103,6 @@ def CreateOperator(
     if arg is not None:
         operator.arg.extend(arg)
     operator.arg.extend(MakeArgument(k, v) for k, v in kwargs.items() if v is not None)
+    for hook in list(CREATE_HOOKS):
+        hook(operator)
     return operator

@@ -316,22 +316,6 @@ def RegisteredOperators() -> list[str]:
     return OPERATORS.types()
 
 
-# --- immediate mode ------------------------------------------------------------------------
-def IsImmediate() -> bool:
-    """Caffe2's immediate mode (run each op as it is created) is never on in dpgraph."""
-    return False
-
-
-def StartImmediate(i_know: bool = False) -> None:
-    raise NotSupportedError(
-        "dpgraph has no immediate mode; run ops with workspace.RunOperatorOnce or build a net "
-        "and call workspace.RunNetOnce.")
-
-
-def StopImmediate() -> None:
-    """Nothing to stop: immediate mode is never on."""
-
-
 # --- GlobalInit ------------------------------------------------------------------------------
 _KNOWN_FLAGS = frozenset({
     "caffe2_log_level", "caffe2_gpu_memory_tracking", "caffe2_gpu_memory_report_interval_mb",
