@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from dpgraph.errors import CorruptDataError, ProtoError, ResourceLimitError, SerializationError
-from dpgraph.ir.arrays import is_array, to_host
+from dpgraph.ir.arrays import host, is_array
 from dpgraph.proto import caffe2_pb2
 
 
@@ -146,7 +146,7 @@ def tensor_chunk(array: Any, name: str | None, begin: int, end: int, device: Any
                  *, float_format: int = FLOAT_DEFAULT, raw: bool = False,
                  segment: bool = True) -> caffe2_pb2.TensorProto:
     """The TensorProto of elements ``[begin, end)`` of ``array`` (Caffe2's field order)."""
-    array = np.asarray(to_host(array))
+    array = host(array)
     data_type = numpy_to_data_type(array.dtype)
     proto = DT()
     proto.dims.extend(array.shape)
@@ -168,7 +168,7 @@ def numpy_to_tensor_proto(array: Any, name: str | None = None, *,
                           raw: bool = False) -> caffe2_pb2.TensorProto:
     """A whole array as a plain TensorProto (dims, data_type, data, name) — the form
     ``TensorProtos`` DB records and ``FeedBlob(TensorProto)`` use."""
-    array = np.asarray(to_host(array))
+    array = host(array)
     if array.dtype.kind in "SU":
         array = np.array([_as_bytes(v) for v in array.reshape(-1).tolist()],
                          dtype=object).reshape(array.shape)
@@ -352,7 +352,7 @@ def serialize_blob_chunks(name: str, value: Any, device: Any = None,
     if not is_tensor(value):
         yield name, serialize_blob(name, value, device)
         return
-    array = np.asarray(to_host(value))
+    array = host(value)
     numel = int(array.size)
     size = chunk_size if chunk_size > 0 else numel + 1
     fast = array.dtype in _RAW_PACKED and float_format != FLOAT_BFLOAT16
@@ -378,7 +378,7 @@ def serialize_blob(name: str, value: Any, device: Any = None) -> bytes:
         raise TensorProtoError(f"Blob {name!r} is empty and cannot be serialized; feed it a "
                                  "value (or run the net that produces it) first.")
     elif is_tensor(value):
-        array = np.asarray(to_host(value))
+        array = host(value)
         proto.type = "Tensor"
         proto.tensor.CopyFrom(tensor_chunk(array, name, 0, array.size, device))
     else:

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from dpgraph.ir.registry import register_op
-from dpgraph.ops._common import to_host
+from dpgraph.ops._common import host
 from dpgraph.ops.context import OpContext, Outputs
 
 #: gradient_dtype names accepted by the ops (and by Parallelize).
@@ -81,7 +81,7 @@ def _host(ctx: OpContext, value: Any, index: int) -> np.ndarray:
     if not hasattr(value, "dtype"):
         raise ctx.fail(f"input {ctx.input_name(index)!r} is a {type(value).__name__}, not a "
                        "dense tensor; only dense gradients can be compressed.")
-    return np.asarray(to_host(value))
+    return host(value)
 
 
 @register_op("GradientCompress", inputs=(1, 2), outputs=(1, 2))
@@ -124,7 +124,7 @@ def gradient_accumulation_step(ctx: OpContext) -> Outputs:
     steps = ctx.int_arg("steps", 1)
     if steps < 1:
         raise ctx.fail(f"argument 'steps' must be >= 1, got {steps}.")
-    counter = np.asarray(_host(ctx, ctx.inputs[0], 0))
+    counter = _host(ctx, ctx.inputs[0], 0)
     if counter.size != 1:
         raise ctx.fail(f"the counter {ctx.input_name(0)!r} must have one element, got shape "
                        f"{list(counter.shape)}.")
