@@ -5,30 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from _optim_util import DEVICES, run_op, two_virtual_gpus  # noqa: F401  (autouse fixture)
 
 from dpgraph import core, workspace
 from dpgraph.proto import caffe2_pb2
-
-DEVICES = [core.DeviceOption(caffe2_pb2.PROTO_CPU),
-           core.DeviceOption(caffe2_pb2.PROTO_CUDA, 1)]
-
-
-@pytest.fixture(autouse=True)
-def _fresh_workspace():
-    workspace.ResetWorkspace()
-    workspace.SetVirtualGpus(2)
-    yield
-    workspace.ResetWorkspace()
-
-
-def _run(op_type, inputs, outputs, device, **kwargs):
-    names = [f"in{i}" for i in range(len(inputs))]
-    for name, value in zip(names, inputs):
-        workspace.FeedBlob(name, value, device)
-    out_names = [names[i] if isinstance(i, int) else i for i in outputs]
-    workspace.RunOperatorOnce(core.CreateOperator(op_type, names, out_names,
-                                                  device_option=device, **kwargs))
-    return [np.asarray(workspace.FetchBlob(n)) for n in out_names]
 
 
 def _rand(*shape, seed=0, low=-1.0, high=1.0):
@@ -47,7 +27,7 @@ def _storm_ref(w, m, gsq, g, lr, momentum, beta):
 def test_storm_dense(device):
     w, m, g = _rand(3, 4, seed=1), _rand(3, 4, seed=2), _rand(3, 4, seed=3)
     gsq, lr = np.array([0.5], np.float32), np.array([-0.1], np.float32)
-    out = _run("Storm", [w, m, gsq, g, lr], [0, 1, 2], device, momentum=5.0, beta=0.2)
+    out = run_op("Storm", [w, m, gsq, g, lr], [0, 1, 2], device, momentum=5.0, beta=0.2)
     ref = _storm_ref(w, m, 0.5, g, -0.1, 5.0, 0.2)
     np.testing.assert_allclose(out[0], ref[0], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(out[1], ref[1], rtol=1e-5, atol=1e-6)
@@ -60,7 +40,7 @@ def test_sparse_storm_updates_indexed_rows_only(device):
     w, m = _rand(5, 2, seed=4), _rand(5, 2, seed=5)
     values, indices = _rand(2, 2, seed=6), np.array([3, 1], np.int64)
     gsq, lr = np.array([0.01], np.float32), np.array([-0.3], np.float32)
-    out = _run("SparseStorm", [w, m, gsq, values, indices, lr], [0, 1, 2], device)
+    out = run_op("SparseStorm", [w, m, gsq, values, indices, lr], [0, 1, 2], device)
     new_g = 0.01 + np.sum(values.astype(np.float64) ** 2)
     nlr = -0.3 * (0.1 + new_g) ** (-1 / 3)
     a = 10.0 * nlr ** 2
@@ -98,7 +78,7 @@ def _gftrl_ref(w, nz, g, alpha, beta, l1, l2):
 def test_gftrl_matches_group_lasso_reference(device):
     w, g = _rand(4, 3, seed=7), _rand(4, 3, seed=8, low=-3, high=3)
     nz = np.abs(_rand(4, 3, 2, seed=9))
-    out = _run("GFtrl", [w, nz, g], [0, 1], device, alpha=0.5, beta=1.0, lambda1=0.4,
+    out = run_op("GFtrl", [w, nz, g], [0, 1], device, alpha=0.5, beta=1.0, lambda1=0.4,
                lambda2=0.01)
     ref_w, ref_nz = _gftrl_ref(w, nz, g, 0.5, 1.0, 0.4, 0.01)
     np.testing.assert_allclose(out[0], ref_w, rtol=1e-5, atol=1e-6)
@@ -109,7 +89,7 @@ def test_gftrl_zeroes_a_column_below_the_group_threshold():
     w = np.full((2, 2), 0.1, np.float32)
     g = np.array([[0.01, 5.0], [0.01, 5.0]], np.float32)
     nz = np.zeros((2, 2, 2), np.float32)
-    out = _run("GFtrl", [w, nz, g], [0, 1], DEVICES[0], alpha=1.0, beta=1.0, lambda1=1.0,
+    out = run_op("GFtrl", [w, nz, g], [0, 1], DEVICES[0], alpha=1.0, beta=1.0, lambda1=1.0,
                lambda2=0.0)
     # column 0: z' = 0.01 - 0.01·0.1 per row, |z'| << λ1·√2; column 1: z' = 4.5 per row
     np.testing.assert_array_equal(out[0][:, 0], [0.0, 0.0])
@@ -143,7 +123,7 @@ def test_decay_adagrad(device, bias_correction_first):
 
 def test_shape_mismatch_names_the_op_and_blobs():
     with pytest.raises(Exception, match="Storm") as info:
-        _run("Storm", [_rand(2, 2), _rand(3), np.ones(1, np.float32), _rand(2, 2),
+        run_op("Storm", [_rand(2, 2), _rand(3), np.ones(1, np.float32), _rand(2, 2),
                        np.ones(1, np.float32)], [0, 1, 2], DEVICES[0])
     assert "in1" in str(info.value)
 
@@ -161,7 +141,7 @@ def test_row_wise_counter_decays_by_half_life():
     cpu = DEVICES[0]
     prev = np.array([0, 2, 0], np.int64)
     counter = np.array([0.0, 3.0, 1.0], np.float64)
-    out = _run("RowWiseCounter", [prev, counter, np.array([1, 0, 1], np.int64),
+    out = run_op("RowWiseCounter", [prev, counter, np.array([1, 0, 1], np.int64),
                                   np.array([6], np.int64)], [0, 1], cpu, counter_halflife=2)
     np.testing.assert_array_equal(out[0], [6, 6, 0])
     c1 = 1 + 2 ** (-4 / 2) * 3.0            # first touch of row 1: Δ = 4
@@ -173,7 +153,7 @@ def test_row_wise_counter_decays_by_half_life():
 def test_wngrad_dense(device):
     w, g = _rand(3, 2, seed=20), _rand(3, 2, seed=21)
     b, lr = np.array([2.0], np.float32), np.array([-0.5], np.float32)
-    out = _run("Wngrad", [w, b, g, lr], [0, 1, "eff", "upd"], device, epsilon=0.1)
+    out = run_op("Wngrad", [w, b, g, lr], [0, 1, "eff", "upd"], device, epsilon=0.1)
     np.testing.assert_allclose(out[0], w + (-0.5) * g / 2.1, rtol=1e-5)
     np.testing.assert_allclose(out[1], [2.0 + np.sum(g.astype(np.float64) ** 2) / 2.1],
                                rtol=1e-5)
@@ -184,7 +164,7 @@ def test_wngrad_dense(device):
 def test_sparse_wngrad_updates_indexed_rows():
     w, values = _rand(4, 2, seed=22), _rand(2, 2, seed=23)
     b, lr = np.array([3.0], np.float32), np.array([-0.5], np.float32)
-    out = _run("SparseWngrad", [w, b, np.array([2, 0], np.int64), values, lr], [0, 1],
+    out = run_op("SparseWngrad", [w, b, np.array([2, 0], np.int64), values, lr], [0, 1],
                DEVICES[0], epsilon=1e-9)
     expected = w.copy()
     expected[[2, 0]] += (-0.5) * values / 3.0
@@ -204,11 +184,11 @@ def test_adadelta_dense_and_sparse(device):
     w, g = _rand(3, 2, seed=24), _rand(3, 2, seed=25)
     h, d = np.abs(_rand(3, 2, seed=26)), np.abs(_rand(3, 2, seed=27))
     lr = np.array([-0.3], np.float32)
-    out = _run("Adadelta", [w, h, d, g, lr], [0, 1, 2], device, epsilon=1e-3, decay=0.9)
+    out = run_op("Adadelta", [w, h, d, g, lr], [0, 1, 2], device, epsilon=1e-3, decay=0.9)
     for got, want in zip(out, _adadelta_ref(w, h, d, g, -0.3, 1e-3, 0.9)):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     idx = np.array([1], np.int64)
-    out = _run("SparseAdadelta", [w, h, d, idx, g[1:2], lr], [0, 1, 2], device, epsilon=1e-3,
+    out = run_op("SparseAdadelta", [w, h, d, idx, g[1:2], lr], [0, 1, 2], device, epsilon=1e-3,
                decay=0.9)
     ref = _adadelta_ref(w[1], h[1], d[1], g[1], -0.3, 1e-3, 0.9)
     for got, want, orig in zip(out, ref, (w, h, d)):

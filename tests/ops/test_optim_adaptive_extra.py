@@ -5,21 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from _optim_util import DEVICES, two_virtual_gpus  # noqa: F401  (autouse fixture)
 
 from dpgraph import core, workspace
 from dpgraph.errors import OperatorError
-from dpgraph.proto import caffe2_pb2
-
-DEVICES = [core.DeviceOption(caffe2_pb2.PROTO_CPU),
-           core.DeviceOption(caffe2_pb2.PROTO_CUDA, 1)]
-
-
-@pytest.fixture(autouse=True)
-def _fresh_workspace():
-    workspace.ResetWorkspace()
-    workspace.SetVirtualGpus(2)
-    yield
-    workspace.ResetWorkspace()
 
 
 @pytest.mark.parametrize("prev_shape", [(6,), (6, 1)])

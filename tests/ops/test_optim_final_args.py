@@ -6,31 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from _optim_util import DEVICES, run_op, two_virtual_gpus  # noqa: F401  (autouse fixture)
 
-from dpgraph import core, workspace
 from dpgraph.errors import OperatorError
-from dpgraph.proto import caffe2_pb2
-
-DEVICES = [core.DeviceOption(caffe2_pb2.PROTO_CPU),
-           core.DeviceOption(caffe2_pb2.PROTO_CUDA, 1)]
-
-
-@pytest.fixture(autouse=True)
-def _fresh_workspace():
-    workspace.ResetWorkspace()
-    workspace.SetVirtualGpus(2)
-    yield
-    workspace.ResetWorkspace()
-
-
-def _run(op_type, inputs, outputs, device=DEVICES[0], cpu=(), **kwargs):
-    names = [f"in{i}" for i in range(len(inputs))]
-    for i, (name, value) in enumerate(zip(names, inputs)):
-        workspace.FeedBlob(name, value, None if i in cpu else device)
-    out_names = [names[i] if isinstance(i, int) else i for i in outputs]
-    workspace.RunOperatorOnce(core.CreateOperator(op_type, names, out_names,
-                                                  device_option=device, **kwargs))
-    return [np.asarray(workspace.FetchBlob(n)) for n in out_names]
 
 
 def _rand(*shape, seed=0):
@@ -42,7 +20,7 @@ def test_adagrad_weight_decay(device):
     w, g = _rand(3, 2, seed=1), _rand(3, 2, seed=2)
     h = np.abs(_rand(3, 2, seed=3))
     lr, eps, wd = 0.3, 0.1, 0.2
-    out = _run("Adagrad", [w, h, g, np.array([lr], np.float32)], [0, 1, "eff", "upd"],
+    out = run_op("Adagrad", [w, h, g, np.array([lr], np.float32)], [0, 1, "eff", "upd"],
                device, epsilon=eps, weight_decay=wd)
     g2 = g + wd * w
     new_h = h + g2 * g2
@@ -63,7 +41,7 @@ def test_sparse_adagrad_weight_decay_and_counter(row_wise, halflife):
     if halflife > 0:
         inputs.append(count)
     op = "RowWiseSparseAdagrad" if row_wise else "SparseAdagrad"
-    new_w, new_h = _run(op, inputs, [0, 1], epsilon=eps, weight_decay=wd,
+    new_w, new_h = run_op(op, inputs, [0, 1], epsilon=eps, weight_decay=wd,
                         counter_halflife=halflife)
     ref_w, ref_h = w.astype(np.float64), h.astype(np.float64)
     for i, r in enumerate(idx):
@@ -81,7 +59,7 @@ def test_sparse_adam_radam(iteration):
     v = np.abs(_rand(4, 2, seed=10))
     idx = np.array([3, 1], np.int64)
     b1, b2, eps, lr = 0.9, 0.999, 1e-3, 0.05
-    new_w, new_m, new_v = _run(
+    new_w, new_m, new_v = run_op(
         "SparseAdam", [w, m, v, idx, g, np.array([lr], np.float32),
                        np.array([iteration], np.int64)], [0, 1, 2], cpu=(6,),
         beta1=b1, beta2=b2, epsilon=eps, enableRAdam=1)
@@ -108,7 +86,7 @@ def test_sparse_adam_radam(iteration):
 def test_sparse_wngrad_moment_has_no_epsilon():
     w, g = np.zeros((5, 1), np.float32), np.ones((4, 1), np.float32)
     idx = np.array([0, 1, 2, 3], np.int64)
-    new_w, new_b = _run("SparseWngrad", [w, np.array([0.5], np.float32), idx, g,
+    new_w, new_b = run_op("SparseWngrad", [w, np.array([0.5], np.float32), idx, g,
                                          np.array([0.5], np.float32)], [0, 1], epsilon=0.5)
     np.testing.assert_allclose(new_b, [0.5 + 4 / 0.5])  # Caffe2's 8.5, not 0.5 + 4 / 1
     np.testing.assert_allclose(new_w[:4], 0.5 / (0.5 + 0.5))
@@ -126,4 +104,4 @@ def test_adadelta_checks_decay_and_epsilon(op_type, args, match):
         inputs += [_rand(3, 2)]
     inputs.append(np.array([0.1], np.float32))
     with pytest.raises(OperatorError, match=match):
-        _run(op_type, inputs, [0, 1, 2], **args)
+        run_op(op_type, inputs, [0, 1, 2], **args)

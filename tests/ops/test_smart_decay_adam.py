@@ -5,22 +5,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from _optim_util import DEVICES, two_virtual_gpus  # noqa: F401  (autouse fixture)
 
 from dpgraph import core, model_helper, optimizer, workspace
 from dpgraph.errors import ModelConfigError
 from dpgraph.proto import caffe2_pb2
 
-DEVICES = [core.DeviceOption(caffe2_pb2.PROTO_CPU),
-           core.DeviceOption(caffe2_pb2.PROTO_CUDA, 1)]
 BETA1, BETA2, EPS, LR = 0.5, 0.9, 0.1, 0.05
-
-
-@pytest.fixture(autouse=True)
-def _fresh_workspace():
-    workspace.ResetWorkspace()
-    workspace.SetVirtualGpus(2)
-    yield
-    workspace.ResetWorkspace()
 
 
 def _replay_row(w, m, v, seen, g, t):
