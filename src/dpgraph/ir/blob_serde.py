@@ -403,14 +403,6 @@ def parse_blob_proto(data: bytes, where: str = "") -> caffe2_pb2.BlobProto:
     return proto
 
 
-def device_of(proto: caffe2_pb2.BlobProto) -> DeviceKey:
-    """The ``(device_type, device_id)`` a tensor BlobProto was saved from (CPU if unset)."""
-    if not proto.tensor.HasField("device_detail"):
-        return (0, 0)
-    detail = proto.tensor.device_detail
-    return (int(detail.device_type), int(detail.device_id) if detail.device_type else 0)
-
-
 def deserialize_blob(data: bytes, where: str = "") -> tuple[str, Any]:
     """``(name, value)`` from the bytes of one complete BlobProto."""
     proto = parse_blob_proto(data, where)
