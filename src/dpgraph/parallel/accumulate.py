@@ -30,7 +30,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import dpgraph.ops.compress  # noqa: F401  (registers GradientAccumulationStep)
 from dpgraph.errors import ParallelizeError
 from dpgraph.ir.blob import GradientSlice
 from dpgraph.parallel._emit import device_option, emit, make_op

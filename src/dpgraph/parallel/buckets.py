@@ -26,7 +26,6 @@ from typing import Any
 
 import numpy as np
 
-import dpgraph.ops.bucket  # noqa: F401  (registers GradientBucketPack/Unpack)
 from dpgraph.ir.blob import BlobReference, GradientSlice
 from dpgraph.parallel._emit import device_option, emit, make_op
 from dpgraph.parallel.state import ParallelState

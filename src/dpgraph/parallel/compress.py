@@ -19,7 +19,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import dpgraph.ops.compress  # noqa: F401  (registers GradientCompress/Decompress)
 from dpgraph.ir.blob import BlobReference, GradientSlice
 from dpgraph.parallel._emit import device_option, emit, make_op
 from dpgraph.parallel.buckets import Reducer
