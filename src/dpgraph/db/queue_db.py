@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from dpgraph.db.base import DB, Cursor, Mode, Transaction
-from dpgraph.errors import DBError
+from dpgraph.errors import DBError, WorkspaceError
 
 
 def _as_record_bytes(value: Any, what: str) -> bytes:
@@ -43,7 +43,7 @@ class BlobsQueueCursor(Cursor):
         self._started = True
         try:
             record = self._db.queue.get(self._db.timeout)
-        except Exception:  # noqa: BLE001  (timeout: the cursor ends)
+        except WorkspaceError:  # the queue's dequeue timeout: the cursor ends, as in Caffe2
             record = None
         if record is None:
             self._valid = False
