@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from dpgraph.errors import ArgumentError, DBError, ShapeError
+from dpgraph.errors import ArgumentError, BlobNotFoundError, DBError, ShapeError
 from dpgraph.ir.blob_serde import (
     FLOAT_DEFAULT,
     BlobAssembler,
@@ -92,7 +92,7 @@ def _placement_of(ctx: OpContext, name: str) -> Any:
         return None
     try:
         return workspace.placement(name)
-    except Exception:  # noqa: BLE001  (no placement: CPU)
+    except BlobNotFoundError:  # no such blob: no placement (CPU)
         return None
 
 
