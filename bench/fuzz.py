@@ -119,7 +119,7 @@ def worker(name: str, start: int, cases: int, seed: int, case_timeout: float,
 
 
 def run_target(name: str, cases: int, seed: int, case_timeout: float,
-               tmp: Path) -> dict[str, Any]:
+               tmp: Path, preload: str = "") -> dict[str, Any]:
     """Run one target in child processes, restarting after a crash."""
     progress = tmp / f"{name}.progress"
     result = tmp / f"{name}.json"
@@ -131,7 +131,7 @@ def run_target(name: str, cases: int, seed: int, case_timeout: float,
         proc = subprocess.run(
             [sys.executable, __file__, "--worker", name, "--start", str(start),
              "--cases", str(cases), "--seed", str(seed), "--case-timeout", str(case_timeout),
-             "--out", str(result), "--progress", str(progress)],
+             "--out", str(result), "--progress", str(progress), "--preload", preload],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, check=False)
         if proc.returncode == 0:
             done = json.loads(result.read_text())
@@ -162,12 +162,17 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--case-timeout", type=float, default=10.0,
                         help="seconds one case may take before it counts as a hang")
+    parser.add_argument("--preload", default="",
+                        help="a Python file each worker runs first (e.g. to try a candidate "
+                             "fix by monkeypatching before it lands)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--start", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     parser.add_argument("--progress", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
+        if args.preload:
+            exec(compile(Path(args.preload).read_text(), args.preload, "exec"), {})  # noqa: S102
         done = worker(args.worker, args.start, args.cases, args.seed, args.case_timeout,
                       Path(args.progress))
         Path(args.out).write_text(json.dumps(done))
@@ -182,9 +187,10 @@ def main() -> None:
         parser.error(f"unknown targets {unknown}; known: {[*T.BYTE_TARGETS, *T.NET_TARGETS]}")
     with tempfile.TemporaryDirectory(prefix="dpgraph-fuzz-bench-") as tmp:
         results = {name: run_target(name, args.cases, args.seed, args.case_timeout,
-                                    Path(tmp)) for name in names}
+                                    Path(tmp), args.preload) for name in names}
     bad = {n: r["untyped"] + r["hangs"] + r["crashes"] for n, r in results.items()}
     print(json.dumps({"cases_per_target": args.cases, "seed": args.seed,
+                      "preload": args.preload or None,
                       "pass": not any(bad.values()), "failures": bad, "targets": results},
                      indent=1))
 
