@@ -9,8 +9,10 @@ check, see :func:`outcome`).  Seeds (valid inputs to mutate) come from :func:`se
 
 from __future__ import annotations
 
+import atexit
 import os
 import random
+import shutil
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,6 +24,7 @@ import numpy as np
 from dpgraph.errors import DpgraphError
 
 _TMP = Path(tempfile.mkdtemp(prefix="dpgraph-fuzz-"))
+atexit.register(shutil.rmtree, _TMP, ignore_errors=True)
 
 
 def _file(name: str, data: bytes) -> str:
