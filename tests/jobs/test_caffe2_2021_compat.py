@@ -175,3 +175,17 @@ def test_core_net_name_and_remap_exports() -> None:
     assert core.get_net_name(net) == net.Name() == core.get_net_name(net.Proto())
     assert core.get_net_name("plain") == "plain"
     assert core.DEFAULT_REMAP_FUNCS["RecurrentNetwork"] is core.recurrent_network_op_remap
+
+
+def test_build_options_and_serialized_output_context() -> None:
+    from dpgraph import build
+    from dpgraph.serialized_test import serialized_test_util as serial
+
+    assert build.CAFFE2_NO_OPERATOR_SCHEMA is False
+    assert build.build_options["USE_MPI"] == "OFF" and "USE_CUDA" in build.build_options
+    serial._output_context.__setattr__("disable_serialized_check", True)  # conftest's use
+    try:
+        assert serial._output_context.disable_serialized_check is True
+    finally:
+        serial._output_context.disable_serialized_check = False
+    assert serial.DATA_DIR.endswith(serial.DATA_SUFFIX)

@@ -315,7 +315,6 @@ _CPP_ONLY = {
     "transform_fuseConvBN": "fold batch norm into the conv weights in Python.",
     "onnxifi": "export with dpgraph.export.onnx and run under onnxruntime.",
     "run_workspace_transform": "dpgraph has no workspace transforms.",
-    "get_build_options": "dpgraph is pure Python; see dpgraph.__version__.",
 }
 
 
@@ -451,6 +450,19 @@ has_hip_support = False
 use_mkldnn = False
 use_trt = False
 define_caffe2_no_operator_schema = False
+
+
+def get_build_options() -> dict[str, str]:
+    """Caffe2's build-option strings, answered for dpgraph: a pure-Python build whose
+    kernels run on numpy (CuPy on real GPUs), with Gloo-style collectives and no MPI,
+    NNPACK, MKL-DNN or ROCm."""
+    from dpgraph.runtime.devices import real_gpu_count
+
+    gpu = "ON" if real_gpu_count() > 0 else "OFF"
+    return {"BLAS": "numpy", "BUILD_TYPE": "Release", "USE_CUDA": gpu, "USE_NCCL": gpu,
+            "USE_GLOO": "ON", "USE_MPI": "OFF", "USE_NNPACK": "OFF", "USE_MKL": "OFF",
+            "USE_MKLDNN": "OFF", "USE_ROCM": "OFF", "USE_OPENMP": "OFF",
+            "USE_GFLAGS": "OFF", "USE_GLOG": "OFF", "CXX_FLAGS": ""}
 
 
 __all__ = [
