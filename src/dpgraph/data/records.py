@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from google.protobuf.message import DecodeError
 
 from dpgraph.errors import DataInputError
 from dpgraph.ir.blob_serde import wire_fields
@@ -74,7 +75,7 @@ def parse_tensor_protos(value: bytes, label_type: int, num_extra: int,
     """An ImageInput TensorProtos record (see the module docstring of ops/image_input)."""
     try:
         protos = caffe2_pb2.TensorProtos.FromString(value).protos
-    except Exception as error:
+    except DecodeError as error:
         raise DataInputError(f"{where}: not a TensorProtos record ({error}); CaffeDatum "
                              "records need use_caffe_datum=1.") from None
     offset = 3 if label_type in (MULTI_LABEL_WEIGHTED_SPARSE, SINGLE_LABEL_WEIGHTED) else 2
@@ -95,15 +96,33 @@ def parse_tensor_protos(value: bytes, label_type: int, num_extra: int,
     return record
 
 
-def parse_caffe_datum(value: bytes, where: str) -> ImageRecord:
-    """A CaffeDatum: channels (1), height (2), width (3), data (4), label (5), encoded (7)."""
+_DATUM_INTS = {1: "channels", 2: "height", 3: "width", 5: "label", 7: "encoded"}
+
+
+def _datum_fields(value: bytes, where: str) -> dict[int, Any]:
+    """The CaffeDatum's fields; wire-level garbage or a field of the wrong wire type raises
+    DataInputError."""
+    fields: dict[int, Any] = {}
     try:
-        fields: dict[int, Any] = {}
         for number, item in wire_fields(value):
             fields[number] = item
-    except Exception as error:
+    except ValueError as error:  # the wire reader's TensorProtoError
         raise DataInputError(f"{where}: not a CaffeDatum record ({error}).") from None
-    record = ImageRecord(label=np.array([fields.get(5, 0)], dtype=np.int64).astype(np.int32))
+    for number, name in _DATUM_INTS.items():
+        if not isinstance(fields.get(number, 0), int):
+            raise DataInputError(f"{where}: not a CaffeDatum record (field {name} is not an "
+                                 "integer).")
+    if not isinstance(fields.get(4, b""), bytes):
+        raise DataInputError(f"{where}: not a CaffeDatum record (field data is not bytes).")
+    return fields
+
+
+def parse_caffe_datum(value: bytes, where: str) -> ImageRecord:
+    """A CaffeDatum: channels (1), height (2), width (3), data (4), label (5), encoded (7)."""
+    fields = _datum_fields(value, where)
+    # int32 label: the varint's low 32 bits, as protobuf reads it (negatives sign-extended)
+    label = np.array([fields.get(5, 0) & 0xFFFFFFFF], dtype=np.uint32).view(np.int32)
+    record = ImageRecord(label=label)
     data = fields.get(4, b"")
     if fields.get(7, 0):
         record.encoded = bytes(data)

@@ -74,7 +74,7 @@ class LevelDBTransaction(Transaction):
                 for key, value in self._batch:
                     batch.put(key, value)
         except Exception as error:
-            raise DBError(f"{self._db.where()}: write failed: {error}") from None
+            raise DBError(f"{self._db.where()}: write failed: {error}") from error
         self._batch = []
 
 
@@ -90,7 +90,7 @@ class LevelDB(DB):
                                  write_buffer_size=WRITE_BUFFER_SIZE,
                                  max_open_files=MAX_OPEN_FILES)
         except Exception as error:
-            raise DBError(f"Failed to open leveldb {self.source}. {error}") from None
+            raise DBError(f"Failed to open leveldb {self.source}. {error}") from error
 
     def new_cursor(self) -> Cursor:
         self._check_open()

@@ -7,6 +7,7 @@ import os
 from typing import Any
 
 from google.protobuf import text_format
+from google.protobuf.message import DecodeError
 
 from dpgraph.db.base import DB, Cursor, Mode, Transaction, as_bytes, register_db
 from dpgraph.errors import CorruptDataError, DBError
@@ -46,7 +47,7 @@ class ProtoDBTransaction(Transaction):
         tensor = caffe2_pb2.TensorProto()
         try:
             tensor.ParseFromString(as_bytes(value, "value"))
-        except Exception:
+        except DecodeError:
             raise CorruptDataError(f"{self._db.where(name)}: Cannot parse content from the "
                                    "value string.") from None
         if tensor.name != name:
@@ -74,10 +75,10 @@ class ProtoDB(DB):
             data = handle.read()
         try:
             self._protos.ParseFromString(data)
-        except Exception:
+        except DecodeError:
             try:
                 text_format.Parse(data.decode("utf-8"), self._protos)
-            except Exception:
+            except (text_format.ParseError, UnicodeDecodeError):
                 raise CorruptDataError(f"protodb {self.source!r}: Cannot read protobuffer.") \
                     from None
 

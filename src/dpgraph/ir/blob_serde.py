@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from google.protobuf.message import DecodeError
 
 from dpgraph.errors import CorruptDataError, ProtoError, ResourceLimitError, SerializationError
 from dpgraph.ir.arrays import host, is_array
@@ -397,7 +398,7 @@ def parse_blob_proto(data: bytes, where: str = "") -> caffe2_pb2.BlobProto:
     proto = caffe2_pb2.BlobProto()
     try:
         proto.ParseFromString(bytes(data))
-    except Exception as error:
+    except DecodeError as error:
         raise CorruptDataError(f"{where or 'value'}: not a serialized BlobProto ({error}); the "
                                "record is corrupt or was not written by Save.") from None
     return proto
@@ -663,11 +664,14 @@ def decode_tensor_protos(data: bytes, where: str = "") -> list[np.ndarray]:
     Python objects).  ``device_detail`` is ignored; a missing data_type means FLOAT."""
     where = where or "TensorProtos record"
     try:
-        parts = [bytes(value) for number, value in _fields(bytes(data)) if number == 1]
+        parts = [value for number, value in _fields(bytes(data)) if number == 1]
+        if not all(isinstance(part, bytes) for part in parts):
+            raise TensorProtoError("a protos entry is not a length-delimited message")
         return [_fast_tensor(part, f"{where}, proto {i}") for i, part in enumerate(parts)]
     except ResourceLimitError:
         raise
-    except Exception as error:
+    # ValueError includes TensorProtoError; TypeError: a field of the wrong wire type
+    except (DecodeError, ValueError, TypeError, OverflowError) as error:
         raise CorruptDataError(
             f"{where}: not a serialized TensorProtos ({error}); the record is corrupt or of "
             "another type (a Save record? read it with Load; a CaffeDatum? use ImageInput "
