@@ -175,6 +175,10 @@ def test_core_net_name_and_remap_exports() -> None:
     assert core.get_net_name(net) == net.Name() == core.get_net_name(net.Proto())
     assert core.get_net_name("plain") == "plain"
     assert core.DEFAULT_REMAP_FUNCS["RecurrentNetwork"] is core.recurrent_network_op_remap
+    assert core.DEFAULT_REMAP_FUNCS["If"] is core.control_op_remap
+    op = core.CreateOperator("Relu", ["a"], ["b"])
+    core.remap_input(op, {"a": "c"})
+    assert list(op.input) == ["c"]
 
 
 def test_build_options_and_serialized_output_context() -> None:
