@@ -23,6 +23,7 @@ import numpy as np
 from PIL import Image
 
 from dpgraph.data.records import ImageRecord
+from dpgraph.errors import DataInputError
 
 #: PCA lighting: eigenvectors (rows R, G, B) and eigenvalues of ImageNet pixel covariance.
 EIGVEC = np.array([[-144.7125, 183.396, 102.2295], [-148.104, -1.1475, -207.57],
@@ -134,8 +135,8 @@ def crop_pixels(image: Image.Image, params: ImageParams, rng: np.random.Generato
         image = cropped
     rows, cols, crop = image.height, image.width, params.crop
     if rows < crop or cols < crop:
-        raise ValueError(f"Image height must be bigger than crop: the image is {rows}x{cols} "
-                         f"after resizing, crop is {crop}.")
+        raise DataInputError(f"Image height must be bigger than crop: the image is "
+                             f"{rows}x{cols} after resizing, crop is {crop}.")
     if params.is_test:
         x, y = (cols - crop) // 2, (rows - crop) // 2
     else:

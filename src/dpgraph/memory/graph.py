@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from dpgraph.errors import ArgumentError
 from dpgraph.proto import caffe2_pb2
 
 OpList = Sequence[caffe2_pb2.OperatorDef]
@@ -88,7 +89,8 @@ def as_op_graph(graph: Any) -> OpGraph:
         return graph
     nodes = sorted(graph.nodes())
     if nodes != list(range(len(nodes))):
-        raise ValueError(f"graph nodes must be 0..n-1 (op indices), got {nodes}")
+        raise ArgumentError(f"graph nodes must be 0..n-1 (op indices), got {nodes}; number "
+                            "the nodes by their op's index in the net.")
     result = OpGraph(ops=[caffe2_pb2.OperatorDef() for _ in nodes],
                      succ=[[] for _ in nodes])
     for i, j in graph.edges():
