@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from dpgraph import core, workspace
+from dpgraph.errors import GradientError
 from dpgraph.proto import caffe2_pb2
 
 
@@ -140,7 +141,7 @@ def test_pass_through_sum_of_the_same_blob():
 
 def test_incorrect_operator_mentions_schema():
     ops = [_op("Mul", ["x1", "x2"], ["x3", "x4"]), _op("Relu", "x3", "x5")]
-    with pytest.raises(Exception, match="schema"):
+    with pytest.raises(GradientError, match="schema checking.*Mul takes 1 outputs, got 2"):
         core.GradientRegistry.GetBackwardPass(ops, {"x5": "x5_grad"})
 
 

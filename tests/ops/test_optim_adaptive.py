@@ -8,6 +8,7 @@ import pytest
 from _optim_util import DEVICES, run_op, two_virtual_gpus  # noqa: F401  (autouse fixture)
 
 from dpgraph import core, workspace
+from dpgraph.errors import ShapeError
 from dpgraph.proto import caffe2_pb2
 
 
@@ -122,7 +123,7 @@ def test_decay_adagrad(device, bias_correction_first):
 
 
 def test_shape_mismatch_names_the_op_and_blobs():
-    with pytest.raises(Exception, match="Storm") as info:
+    with pytest.raises(ShapeError, match="Storm") as info:
         run_op("Storm", [_rand(2, 2), _rand(3), np.ones(1, np.float32), _rand(2, 2),
                        np.ones(1, np.float32)], [0, 1, 2], DEVICES[0])
     assert "in1" in str(info.value)
