@@ -4,7 +4,6 @@ opts in; builders this process pickled itself keep working."""
 
 from __future__ import annotations
 
-import inspect
 import pickle
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,7 +23,6 @@ from dpgraph.ir.python_funcs import (
     resolve_python_function,
     untrusted_pickles_allowed,
 )
-from dpgraph.ops import python_op
 from dpgraph.proto import caffe2_pb2
 
 #: Side effects a hostile pickle would cause; must stay empty unless opted in.
@@ -85,12 +83,6 @@ def clean(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     workspace.ResetWorkspace()
 
 
-_KERNEL_GUARDED = "build_pickled" in inspect.getsource(python_op)
-needs_kernel_guard = pytest.mark.xfail(
-    not _KERNEL_GUARDED, strict=True,
-    reason="ops/python_op.py still unpickles directly (O-requests #2 not applied yet)")
-
-
 def _chain(error: BaseException) -> list[BaseException]:
     seen = []
     while error is not None and error not in seen:
@@ -147,7 +139,6 @@ def test_malformed_trusted_builder_is_typed(data: bytes) -> None:
 
 
 # --- loaders end to end ----------------------------------------------------------------
-@needs_kernel_guard
 def test_netdef_file_with_python_op_does_not_run_code(tmp_path: Path) -> None:
     write_proto(_hostile_net("netdef"), tmp_path / "net.pb")
     net = read_proto(caffe2_pb2.NetDef, tmp_path / "net.pb")
@@ -158,7 +149,6 @@ def test_netdef_file_with_python_op_does_not_run_code(tmp_path: Path) -> None:
     assert "Python" in str(info.value)
 
 
-@needs_kernel_guard
 def test_text_format_net_with_python_op_does_not_run_code() -> None:
     from dpgraph.ir.text import format_net, parse_net
 
@@ -169,7 +159,6 @@ def test_text_format_net_with_python_op_does_not_run_code() -> None:
     assert any(isinstance(e, UntrustedInputError) for e in _chain(info.value))
 
 
-@needs_kernel_guard
 def test_predictor_with_python_op_in_init_net_does_not_run_code(tmp_path: Path) -> None:
     from dpgraph.export.predictor import INIT_NET_FILE, PREDICT_NET_FILE, load_predictor
 
@@ -251,6 +240,5 @@ def test_no_unexpected_code_running_calls_in_dpgraph() -> None:
                             "trust check and document them in docs/security.md")
 
 
-@needs_kernel_guard
 def test_python_op_kernel_does_not_unpickle_itself() -> None:
     assert "pickle.load" not in _risky_uses().get("ops/python_op.py", set())

@@ -5,7 +5,8 @@ argument) or, for distributed jobs, pickles a builder ``(func, args, kwargs)`` w
 returns ``f`` (``pickled_builder`` / ``pickled_grad_builder``).  As in Caffe2 (whose
 PythonOp constructor calls it), the builder is called once per operator *instance*: each
 net instantiation (``CreateNet``, ``RunNetOnce``, every concurrent task instance) builds
-its own function, which then serves every run of that instance.
+its own function, which then serves every run of that instance.  A pickled builder is only
+unpickled if this process made it or the caller opted in (docs/security.md).
 ``f(inputs, outputs)`` (plus the workspace with ``pass_workspace``) gets Caffe2-style tensor
 views: ``.data``, ``.shape``, ``.reshape(shape)``, ``.init(dims, data_type)``,
 ``.feed(array)``.  ``grad_f`` sees the forward inputs, the forward outputs and the output
@@ -15,7 +16,6 @@ gradients (or the ``grad_output_indices`` subset) and writes the input gradients
 
 from __future__ import annotations
 
-import pickle
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,6 +24,7 @@ import numpy as np
 from dpgraph.errors import ArgumentError
 from dpgraph.ir.python_funcs import (  # noqa: F401  (register_python_impl: re-exported)
     PythonFn,
+    build_pickled,
     python_op_arguments,
     register_python_impl,
     resolve_python_function,
@@ -79,14 +80,6 @@ class PythonTensor:
 _INSTANCE_FN = {False: "\0python_fn", True: "\0python_grad_fn"}
 
 
-def _build(builder: bytes | str) -> PythonFn:
-    """Unpickle a ``(func, args, kwargs)`` builder and call it."""
-    if isinstance(builder, str):  # arguments decode ``s`` with surrogateescape
-        builder = builder.encode("utf-8", "surrogateescape")
-    func, args, kwargs = pickle.loads(builder)
-    return func(*args, **kwargs)
-
-
 def _resolve(ctx: OpContext, grad: bool) -> tuple[PythonFn, bool]:
     """The function of this op instance: a pickled builder is called on the instance's
     first run (once per instance, as Caffe2's PythonOp constructor does), a token is looked
@@ -95,7 +88,8 @@ def _resolve(ctx: OpContext, grad: bool) -> tuple[PythonFn, bool]:
     if cached is None:
         builder = ctx.args.get("pickled_grad_builder" if grad else "pickled_builder")
         if builder:
-            cached = (_build(builder), bool(int(ctx.args.get("pass_workspace", 0))))
+            cached = (build_pickled(builder, ctx.describe),
+                      bool(int(ctx.args.get("pass_workspace", 0))))
         else:
             cached = resolve_python_function(ctx.args, grad, ctx.describe)
         ctx.args[_INSTANCE_FN[grad]] = cached
