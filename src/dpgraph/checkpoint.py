@@ -47,19 +47,11 @@ from dpgraph.jobs.checkpoint_manager import (  # noqa: F401  (Caffe2's checkpoin
 )
 from dpgraph.jobs.job import Job  # noqa: F401  (Caffe2's checkpoint.Job)
 from dpgraph.proto import caffe2_pb2
-from dpgraph.runtime import devices
+from dpgraph.runtime import api, devices
 
 FORMAT_VERSION = 1
 MANIFEST_NAME = "__dpgraph_checkpoint__"
 DT = caffe2_pb2.TensorProto
-
-
-def _workspace(workspace: Any) -> Any:
-    if workspace is not None:
-        return workspace
-    from dpgraph.runtime.api import current
-
-    return current()
 
 
 def _tensor(name: str, value: Any) -> caffe2_pb2.TensorProto:
@@ -97,7 +89,7 @@ def _crc(protos: Iterable[caffe2_pb2.TensorProto]) -> int:
 def save_checkpoint(path: str | os.PathLike[str], blob_names: Iterable[Any],
                     workspace: Any = None) -> None:
     """Write ``blob_names`` (sorted) from the workspace to ``path`` atomically."""
-    ws = _workspace(workspace)
+    ws = api.resolve(workspace)
     names = sorted({str(b) for b in blob_names})
     missing = [n for n in names if not ws.has_blob(n) or ws.get_blob(n) is None]
     if missing:
@@ -161,7 +153,7 @@ def load_checkpoint(path: str | os.PathLike[str], expected: Iterable[Any] | None
     that already holds a tensor keeps its device and must keep its shape and dtype (else
     :class:`CheckpointError`, and nothing is loaded).
     """
-    ws = _workspace(workspace)
+    ws = api.resolve(workspace)
     where = os.fspath(path)
     values = read_checkpoint(path)
     names = sorted(values) if expected is None else sorted({str(b) for b in expected})

@@ -25,6 +25,7 @@ import numpy as np
 from dpgraph.errors import DpgraphError, ExportError, ProtoError
 from dpgraph.ir.proto_io import netdef_of, read_proto, write_proto
 from dpgraph.proto import caffe2_pb2
+from dpgraph.runtime import api
 
 PREDICT_NET_FILE = "predict_net.pb"
 INIT_NET_FILE = "init_net.pb"
@@ -74,20 +75,12 @@ def fill_op(name: str, value: Any) -> caffe2_pb2.OperatorDef:
     return op
 
 
-def _workspace(workspace: Any) -> Any:
-    if workspace is not None:
-        return workspace
-    from dpgraph.runtime import api
-
-    return api.current()
-
-
 def _fetch_params(params: Iterable[Any] | Mapping[str, Any],
                   workspace: Any) -> dict[str, np.ndarray]:
     if isinstance(params, Mapping):
         return {str(name): np.asarray(value) for name, value in params.items()}
     names = list(dict.fromkeys(str(p) for p in params))
-    ws = _workspace(workspace)
+    ws = api.resolve(workspace)
     missing = [n for n in names if not ws.has_blob(n)]
     if missing:
         raise ExportError(

@@ -41,6 +41,11 @@ def current() -> Workspace:
     return _workspaces[_current[0]]
 
 
+def resolve(workspace: Any = None) -> Any:
+    """``workspace`` when given, else the current workspace."""
+    return current() if workspace is None else workspace
+
+
 # --- workspaces ------------------------------------------------------------------------------
 def CurrentWorkspace() -> str:
     return _current[0]
