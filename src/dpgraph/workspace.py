@@ -86,6 +86,10 @@ def __getattr__(name: str) -> Any:
         return False
     if name == "_immediate_root_folder":
         return immediate_root_folder()
+    if name == "has_fbgemm":  # Save can write float tensors as bfloat16
+        from dpgraph.ir.blob_size import HAS_BFLOAT16
+
+        return HAS_BFLOAT16
     raise AttributeError(f"module 'dpgraph.workspace' has no attribute {name!r}")
 
 

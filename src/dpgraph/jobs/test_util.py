@@ -4,6 +4,9 @@ small helpers (random blobs, op counts, flaky-test marking)."""
 from __future__ import annotations
 
 import os
+import pathlib
+import shutil
+import tempfile
 import unittest
 from typing import Any
 
@@ -81,6 +84,12 @@ class TestCase(unittest.TestCase):
 
     def tearDown(self) -> None:
         ws_api.ResetWorkspace()
+
+    def make_tempdir(self) -> pathlib.Path:
+        """A fresh temporary folder, removed when the test ends (Caffe2 2021)."""
+        folder = pathlib.Path(tempfile.mkdtemp(prefix="caffe2_test."))
+        self.addCleanup(shutil.rmtree, str(folder), True)
+        return folder
 
 
 __all__ = ["TestCase", "caffe2_flaky", "get_default_test_flags", "is_flaky_test_mode",

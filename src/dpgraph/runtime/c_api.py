@@ -292,6 +292,10 @@ def registered_dbs() -> list[str]:
 
 
 def __getattr__(name: str) -> Any:
+    if name == "has_fbgemm":  # Save can write float tensors as bfloat16
+        from dpgraph.ir.blob_size import HAS_BFLOAT16
+
+        return HAS_BFLOAT16
     if name in ("Mode", "read", "write", "new"):
         from dpgraph.db import Mode
 
