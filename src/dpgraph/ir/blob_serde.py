@@ -25,6 +25,7 @@ from google.protobuf.message import DecodeError
 
 from dpgraph.errors import CorruptDataError, ProtoError, ResourceLimitError, SerializationError
 from dpgraph.ir.arrays import host, is_array
+from dpgraph.ir.proto_io import check_tensor_size
 from dpgraph.proto import caffe2_pb2
 
 
@@ -39,7 +40,6 @@ DeviceKey = tuple[int, int]
 KEY_SEPARATOR = "#%"
 DEFAULT_CHUNK_SIZE = 1_000_000
 #: Largest element count a TensorProto may declare before anything is allocated.
-MAX_ELEMENTS = 1 << 34
 FLOAT_DEFAULT, FLOAT_PROTOBUF, FLOAT_BFLOAT16 = 0, 1, 2
 
 #: numpy dtype -> (TensorProto.DataType, field holding the values by default)
@@ -179,14 +179,15 @@ def numpy_to_tensor_proto(array: Any, name: str | None = None, *,
 
 
 def _numel(proto: Any, where: str) -> int:
+    """The element count ``proto`` declares, refused before allocation when it exceeds the
+    configurable tensor size limit (``dpgraph.ir.proto_io.max_tensor_bytes``)."""
     dims = list(proto.dims)
     if any(d < 0 for d in dims):
-        raise CorruptDataError(f"{where}: TensorProto has negative dims {dims}.")
-    numel = math.prod(dims)
-    if numel > MAX_ELEMENTS:
-        raise ResourceLimitError(f"{where}: TensorProto declares dims {dims} ({numel} "
-                                 f"elements), more than the limit of {MAX_ELEMENTS}.")
-    return numel
+        raise CorruptDataError(f"{where}: TensorProto has negative dims {dims}; the record is "
+                               "corrupt.")
+    dtype = DATA_TYPE_TO_NUMPY.get(proto.data_type, np.dtype(np.float32))
+    itemsize = dtype.itemsize if dtype.kind != "O" else 1
+    return check_tensor_size(dims, itemsize, f"{where}: TensorProto")
 
 
 def _values(proto: Any, data_type: int, count: int, where: str) -> np.ndarray:
