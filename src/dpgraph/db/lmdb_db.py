@@ -8,13 +8,59 @@ without locking.  A cursor reads one snapshot; a transaction commits and starts 
 from __future__ import annotations
 
 import os
+import struct
 import threading
 from typing import Any
 
 from dpgraph.db.base import DB, Cursor, Mode, Transaction, as_bytes, register_db
-from dpgraph.errors import DBError, MissingDependencyError
+from dpgraph.errors import CorruptDataError, DBError, MissingDependencyError
 
 MAP_SIZE = 1 << 40
+
+_META = struct.Struct("<II")  # mm_magic, mm_version at byte 16 of a meta page
+_PSIZE = struct.Struct("<I")  # mm_dbs[FREE_DBI].md_pad (= the page size) at byte 40
+_LAST = struct.Struct("<QQ")  # mm_last_pg, mm_txnid at byte 136 (64-bit LMDB layout)
+_MAGIC = 0xBEEFC0DE
+
+
+def _meta_pages(handle: Any) -> tuple[list[bytes], int]:
+    """The valid meta pages at the start of ``data.mdb`` and the page size."""
+    head = handle.read(152)
+    if len(head) < 152:
+        return [], 0
+    psize = _PSIZE.unpack_from(head, 40)[0]
+    if _META.unpack_from(head, 16)[0] != _MAGIC or not 512 <= psize <= 1 << 16 \
+            or psize & (psize - 1):
+        return [], psize
+    handle.seek(psize)
+    second = handle.read(152)
+    metas = [head]
+    if len(second) == 152 and _META.unpack_from(second, 16)[0] == _MAGIC:
+        metas.append(second)
+    return metas, psize
+
+
+def check_data_file(source: str) -> None:
+    """Refuse a ``data.mdb`` shorter than its newest meta page says: liblmdb would mmap it
+    and die with SIGBUS on the first page past the end (e.g. a partial copy)."""
+    path = os.path.join(source, "data.mdb")
+    if not os.path.isfile(path):
+        return  # lmdb.open reports the missing environment itself
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as handle:
+            metas, psize = _meta_pages(handle)
+    except OSError as error:
+        raise DBError(f"lmdb: cannot read {path!r} ({error.strerror}).") from None
+    if not metas:
+        raise CorruptDataError(f"lmdb: {path!r} ({size} bytes) has no valid LMDB meta page; "
+                               "the file is truncated, corrupt or not an LMDB.")
+    last_pg, _ = max((_LAST.unpack_from(m, 136) for m in metas), key=lambda v: v[1])
+    need = (last_pg + 1) * psize
+    if size < need:
+        raise CorruptDataError(f"lmdb: {path!r} has {size} bytes but its meta page says "
+                               f"{last_pg + 1} pages of {psize} bytes ({need} bytes); the file "
+                               "is truncated (copy the LMDB again).")
 
 
 def _lmdb() -> Any:
@@ -74,26 +120,35 @@ class LMDBCursor(Cursor):
         self._db = db
         self._txn = db._env.begin(write=False, buffers=False)
         self._cursor = self._txn.cursor()
-        self._valid = self._cursor.first()
+        self._valid = self._call(self._cursor.first)
+
+    def _call(self, fn: Any, *args: Any) -> Any:
+        """A liblmdb call; its errors (corrupt pages) become CorruptDataError."""
+        try:
+            return fn(*args)
+        except _lmdb().Error as error:
+            raise CorruptDataError(f"lmdb {self._db.source!r}: {error}; the database is "
+                                   "corrupt (copy it again or rebuild it).") from None
 
     def supports_seek(self) -> bool:
         return True
 
     def seek(self, key: Any) -> None:
         key = as_bytes(key)
-        self._valid = self._cursor.set_range(key) if key else self._cursor.first()
+        self._valid = (self._call(self._cursor.set_range, key) if key
+                       else self._call(self._cursor.first))
 
     def seek_to_first(self) -> None:
-        self._valid = self._cursor.first()
+        self._valid = self._call(self._cursor.first)
 
     def next(self) -> None:
-        self._valid = self._cursor.next()
+        self._valid = self._call(self._cursor.next)
 
     def key(self) -> bytes:
-        return self._cursor.key()
+        return self._call(self._cursor.key)
 
     def value(self) -> bytes:
-        return self._cursor.value()
+        return self._call(self._cursor.value)
 
     def valid(self) -> bool:
         return self._valid
@@ -152,6 +207,8 @@ class LMDB(DB):
             except OSError as error:
                 raise DBError(f"lmdb NEW: mkdir {self.source} failed ({error.strerror}); Save "
                               "and NEW mode need a path that does not exist yet.") from None
+        if self.mode != Mode.new:
+            check_data_file(self.source)
         try:
             self._env = ENVIRONMENTS.acquire(self.source, self.mode != Mode.read)
         except lmdb.Error as error:

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from dpgraph.errors import DpgraphError, ExportError, ProtoError
-from dpgraph.ir.proto_io import netdef_of, read_proto, write_proto
+from dpgraph.ir.proto_io import netdef_of, parse_proto, read_proto, write_proto
 from dpgraph.proto import caffe2_pb2
 from dpgraph.runtime import api
 
@@ -243,9 +243,7 @@ def load_predictor(path: str | os.PathLike[str]) -> Predictor:
 
 def _parse_net(net: Any) -> caffe2_pb2.NetDef:
     if isinstance(net, (bytes, bytearray)):
-        proto = caffe2_pb2.NetDef()
-        proto.ParseFromString(bytes(net))
-        return proto
+        return parse_proto(caffe2_pb2.NetDef, bytes(net), "predict net bytes")
     return netdef_of(net, ExportError)
 
 

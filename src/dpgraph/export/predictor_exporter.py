@@ -35,6 +35,7 @@ from dpgraph.ir.device import DeviceOption
 from dpgraph.ir.net import Net
 from dpgraph.ir.operator import CreateOperator
 from dpgraph.ir.plan import Plan
+from dpgraph.ir.proto_io import parse_proto
 from dpgraph.proto import caffe2_pb2, metanet_pb2, predictor_consts_pb2
 from dpgraph.runtime import api
 
@@ -214,9 +215,9 @@ def read_meta_net_def(ws: Any, filename: str, db_type: str) -> metanet_pb2.MetaN
     ws.run_operators_once([CreateOperator(
         "Load", [predictor_constants.PREDICTOR_DBREADER],
         [predictor_constants.META_NET_DEF])])
-    meta_net_def = metanet_pb2.MetaNetDef()
-    meta_net_def.ParseFromString(_as_bytes(ws.fetch_blob(predictor_constants.META_NET_DEF)))
-    return meta_net_def
+    return parse_proto(metanet_pb2.MetaNetDef,
+                       _as_bytes(ws.fetch_blob(predictor_constants.META_NET_DEF)),
+                       f"{filename}: record {predictor_constants.META_NET_DEF}")
 
 
 def load_from_db(filename: str, db_type: str,

@@ -38,12 +38,35 @@ def parse_proto(message_type: type[M], data: bytes, source: str = "<bytes>") -> 
             f"{source}: not a valid serialized {message_type.__name__} ({error}); "
             "check that the file is a binary Caffe2 protobuf and is not truncated."
         ) from error
+    bad = _non_text_field(message)
+    if bad is not None:
+        raise ProtoError(f"{source}: field {bad} of the {message_type.__name__} is not valid "
+                         "UTF-8 text; the file is corrupt (names and types must be UTF-8).")
     if isinstance(message, caffe2_pb2.NetDef):
         check_nesting(message, source)
     elif isinstance(message, caffe2_pb2.PlanDef):
         for net in message.network:
             check_nesting(net, f"{source}, net {net.name!r}")
     return message
+
+
+def _non_text_field(message: Message, path: str = "") -> str | None:
+    """The first ``string`` field holding bytes (protobuf's form of invalid UTF-8), or None."""
+    for field, value in message.ListFields():
+        if field.type not in (field.TYPE_STRING, field.TYPE_MESSAGE):
+            continue
+        where = f"{path}{field.name}"
+        items = list(value) if field.is_repeated else [value]
+        if field.type == field.TYPE_STRING:
+            if any(isinstance(v, bytes) for v in items):
+                return where
+            continue
+        for index, item in enumerate(items):
+            found = _non_text_field(item, f"{where}[{index}]." if field.is_repeated
+                                    else f"{where}.")
+            if found:
+                return found
+    return None
 
 
 def read_proto(message_type: type[M], path: str | os.PathLike[str]) -> M:
