@@ -41,8 +41,12 @@ def test_alias_and_ensure_dense_pass_through() -> None:
         ops, g_in = build_gradient(op, ["Y_grad"])
         assert ops == [] and g_in == ["Y_grad"]
     with pytest.raises(GradientError, match="dense"):
-        build_gradient(CreateOperator("EnsureDense", ["X"], ["Y"]),
-                       [GradientSlice("i", "v")])
+        build_gradient(CreateOperator("Alias", ["X"], ["Y"]), [GradientSlice("i", "v")])
+    ops, g_in = build_gradient(CreateOperator("EnsureDense", ["X"], ["Y"]),
+                               [GradientSlice("i", "v")])
+    assert [(o.type, list(o.input), list(o.output)) for o in ops] == [
+        ("SparseToDense", ["i", "v", "X"], ["X_grad"])]
+    assert g_in == ["X_grad"]
 
 
 def test_cast_and_gradient() -> None:

@@ -65,7 +65,14 @@ def _pass_through(g: GradientBuilder) -> None:
 
 
 register_gradient("Alias")(_pass_through)
-register_gradient("EnsureDense")(_pass_through)
+@register_gradient("EnsureDense")
+def _ensure_dense_gradient(g: GradientBuilder) -> None:
+    """Caffe2's: a sparse output gradient becomes ``SparseToDense(indices, values, X)``; a
+    dense one passes through."""
+    if g.go_is_sparse(0):
+        g.add("SparseToDense", [g.GO_I(0), g.GO_V(0), g.I(0)], [g.GI(0)])
+        return
+    g.set_input_grad(0, g.GO(0))
 
 
 @register_op("NanCheck", inputs=(1, None), outputs=1, inplace=[(0, 0)], shape=same_as_input())
