@@ -140,3 +140,16 @@ def test_const_and_random_reader_of_a_dataset() -> None:
     assert seen == [[3.5], [1.5], [2.5]]
     workspace.RunNet(read_next)
     assert bool(workspace.FetchBlob(should_stop))
+
+
+def test_last_n_window_starts_from_a_created_but_empty_buffer() -> None:
+    """Caffe2's dataset_ops_test creates the buffer blob without writing it."""
+    from dpgraph import core, workspace
+
+    workspace.CreateBlob("lnw_output")
+    workspace.FeedBlob("lnw_next", np.array(0, dtype=np.int32))
+    workspace.FeedBlob("lnw_x", np.arange(6, dtype=np.float32).reshape(3, 2))
+    workspace.RunOperatorOnce(core.CreateOperator(
+        "LastNWindowCollector", ["lnw_output", "lnw_next", "lnw_x"], ["lnw_output", "lnw_next"],
+        num_to_collect=2))
+    assert workspace.FetchBlob("lnw_output").tolist() == [[2.0, 3.0], [4.0, 5.0]]

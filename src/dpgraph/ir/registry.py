@@ -54,6 +54,8 @@ class OpSchema:
             (Parallelize gathers sparse gradients with Concat); the verifier and
             Parallelize's operator analysis allow it, the runtime still checks peer access.
         inputs_from_outputs: outputs whose previous value the kernel reads (``Iter``).
+        empty_inputs: input indices that may be an empty blob (created, never written): the
+            kernel gets None and initialises it (``LastNWindowCollector``'s buffer).
     """
 
     type: str
@@ -70,6 +72,7 @@ class OpSchema:
     cross_device: bool = False
     collective: bool = False
     peer_inputs: bool = False
+    empty_inputs: frozenset[int] = frozenset()
     doc: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -178,6 +181,7 @@ def register_op(
     doc: str = "",
     collective: bool = False,
     peer_inputs: bool = False,
+    empty_inputs: Iterable[int] = (),
 ) -> Callable[[Kernel], Kernel]:
     """Decorator registering a kernel together with its op schema (see :class:`OpSchema`
     for the flags)."""
@@ -191,7 +195,7 @@ def register_op(
             inplace=inplace if isinstance(inplace, str) else frozenset(inplace),
             side_effects=side_effects, kernel=kernel, shape_fn=shape,
             cross_device=cross_device, collective=collective, peer_inputs=peer_inputs,
-            doc=doc or (kernel.__doc__ or "").strip(),
+            empty_inputs=frozenset(empty_inputs), doc=doc or (kernel.__doc__ or "").strip(),
         ))
         return kernel
 

@@ -144,7 +144,9 @@ class OpInstance:
         except KeyError:
             raise self._missing(blobs, placement) from None
         key = self.key
-        for name, value in zip(self.inputs, values):
+        for index, (name, value) in enumerate(zip(self.inputs, values)):
+            if value is None and index in self.schema.empty_inputs:
+                continue
             if value is None:
                 raise self.failure(BlobNotFoundError(
                     f"input blob {name!r} is empty (created but never written, or freed)."),
