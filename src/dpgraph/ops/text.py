@@ -184,7 +184,8 @@ def ctc_greedy_decoder(ctx: OpContext) -> Outputs:
     if inputs.ndim != 3:
         raise ctx.fail(f"INPUTS must be T×N×C, got shape {inputs.shape}")
     lens = _seq_lengths(ctx, inputs)
-    ids = inputs.argmax(axis=2).T if inputs.size else np.zeros(inputs.shape[1::-1], np.int64)
+    ids: np.ndarray = (inputs.argmax(axis=2).T if inputs.size
+                       else np.zeros(inputs.shape[1::-1], np.int64))
     prev = np.concatenate([np.zeros((ids.shape[0], 1), ids.dtype), ids[:, :-1]], axis=1)
     keep = (ids != 0) & (np.arange(ids.shape[1])[None, :] < lens[:, None])
     if ctx.int_arg("merge_repeated", 1):
@@ -256,7 +257,9 @@ def ctc_beam_search_decoder(ctx: OpContext) -> Outputs:
 # --- PiecewiseLinearTransform ----------------------------------------------------------------
 def _piecewise_params(ctx: OpContext) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     if ctx.num_inputs == 4:
-        return tuple(host(v).reshape(-1).astype(np.float32) for v in ctx.inputs[1:])
+        bounds, slopes, intercepts = (host(v).reshape(-1).astype(np.float32)
+                                      for v in ctx.inputs[1:])
+        return bounds, slopes, intercepts
     return (np.asarray(ctx.floats_arg("bounds"), np.float32),
             np.asarray(ctx.floats_arg("slopes"), np.float32),
             np.asarray(ctx.floats_arg("intercepts"), np.float32))
