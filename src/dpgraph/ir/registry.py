@@ -56,6 +56,8 @@ class OpSchema:
         inputs_from_outputs: outputs whose previous value the kernel reads (``Iter``).
         empty_inputs: input indices that may be an empty blob (created, never written): the
             kernel gets None and initialises it (``LastNWindowCollector``'s buffer).
+        mutex_input: index of an input holding a ``CreateMutex`` blob that the runtime holds
+            while it reads the inputs, runs the kernel and stores the outputs (``AtomicAppend``).
     """
 
     type: str
@@ -73,6 +75,7 @@ class OpSchema:
     collective: bool = False
     peer_inputs: bool = False
     empty_inputs: frozenset[int] = frozenset()
+    mutex_input: int | None = None
     doc: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -182,6 +185,7 @@ def register_op(
     collective: bool = False,
     peer_inputs: bool = False,
     empty_inputs: Iterable[int] = (),
+    mutex_input: int | None = None,
 ) -> Callable[[Kernel], Kernel]:
     """Decorator registering a kernel together with its op schema (see :class:`OpSchema`
     for the flags)."""
@@ -195,7 +199,8 @@ def register_op(
             inplace=inplace if isinstance(inplace, str) else frozenset(inplace),
             side_effects=side_effects, kernel=kernel, shape_fn=shape,
             cross_device=cross_device, collective=collective, peer_inputs=peer_inputs,
-            empty_inputs=frozenset(empty_inputs), doc=doc or (kernel.__doc__ or "").strip(),
+            empty_inputs=frozenset(empty_inputs), mutex_input=mutex_input,
+            doc=doc or (kernel.__doc__ or "").strip(),
         ))
         return kernel
 

@@ -175,7 +175,7 @@ def check_dataset_consistency(ctx: OpContext) -> Outputs:
 
 
 @register_op("AtomicAppend", inputs=(3, None), outputs=(1, None), inplace="any",
-             side_effects=True)
+             side_effects=True, mutex_input=0)
 def atomic_append(ctx: OpContext) -> Outputs:
     """Inputs ``[mutex, *a, *b]``, outputs ``a`` (in place): append each ``b`` to its
     ``a`` along the first dimension, under the mutex."""
@@ -186,9 +186,8 @@ def atomic_append(ctx: OpContext) -> Outputs:
     with lock if lock is not None else threading.Lock():
         outputs = []
         for i in range(n):
-            # the value stored now: another thread may have appended since the inputs
-            # were read (the runtime stores this op's outputs after the lock is released;
-            # K-requests 7 asks for the store to happen under it too)
+            # the value stored now (the runtime holds the mutex from reading the inputs
+            # to storing the outputs; this also covers kernels run without a runtime)
             current = ctx.prev_output(i) if ctx.workspace is not None else None
             a = np.asarray(to_host(current if current is not None else ctx.inputs[1 + i]))
             b = np.asarray(to_host(ctx.inputs[1 + n + i]))

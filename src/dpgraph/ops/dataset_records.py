@@ -278,7 +278,8 @@ def _last_n_shape(op: caffe2_pb2.OperatorDef, in_shapes: Sequence[Any],
 
 
 @register_op("LastNWindowCollector", inputs=(3, 4), outputs=(2, 3), inplace="any",
-             side_effects=True, shape=_last_n_shape, empty_inputs=(0,))
+             side_effects=True, shape=_last_n_shape, empty_inputs=(0,),
+             mutex_input=3)
 def last_n_window_collector(ctx: OpContext) -> Outputs:
     """``[buffer, next, data(, mutex)]`` -> ``[buffer, next(, num_visited)]`` in place:
     a ring buffer of the last ``num_to_collect`` rows of ``data``; ``next`` is where the

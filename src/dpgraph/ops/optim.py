@@ -38,12 +38,14 @@ from dpgraph.ops.gradient_builder import GradientBuilder
 
 # --- iteration counters and mutexes ----------------------------------------------------------
 class Mutex:
-    """The opaque blob ``CreateMutex`` makes; ``AtomicIter`` holds its lock."""
+    """The opaque blob ``CreateMutex`` makes; ``AtomicIter`` holds its lock.  Reentrant: the
+    runtime holds it around ops that name it as their ``mutex_input`` while their kernels
+    take it too."""
 
     __slots__ = ("lock",)
 
     def __init__(self) -> None:
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()
 
     def __repr__(self) -> str:
         return "Mutex()"

@@ -138,7 +138,19 @@ class OpInstance:
 
     # --- running -------------------------------------------------------------------------
     def run(self, blobs: Blobs, placement: Placement) -> None:
-        """Read inputs, check placements, run the kernel, store the outputs."""
+        """Read inputs, check placements, run the kernel, store the outputs (all under the
+        op's mutex input, when its schema names one)."""
+        index = self.schema.mutex_input
+        lock = None
+        if index is not None and index < len(self.inputs):
+            lock = getattr(blobs.get(self.inputs[index]), "lock", None)
+        if lock is None:
+            self._run(blobs, placement)
+            return
+        with lock:
+            self._run(blobs, placement)
+
+    def _run(self, blobs: Blobs, placement: Placement) -> None:
         try:
             values = [blobs[n] for n in self.inputs]
         except KeyError:
