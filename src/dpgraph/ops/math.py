@@ -321,13 +321,13 @@ def not_op(ctx: OpContext) -> Outputs:
 
 
 # --- unary functions ---------------------------------------------------------------------
-def _erf(xp: Any, x: Any) -> Any:
+def erf(xp: Any, x: Any) -> Any:
+    """erf(x) elementwise (scipy when installed, else the math module), on ``xp``."""
     try:
-        from scipy.special import erf
+        from scipy.special import erf as erf_fn
     except ImportError:  # scipy is optional: fall back to the math module
-        erf = np.vectorize(_pymath.erf, otypes=[np.float64])
-    host = x.get() if xp is not np else x
-    return xp.asarray(erf(host))
+        erf_fn = np.vectorize(_pymath.erf, otypes=[np.float64])
+    return xp.asarray(erf_fn(to_host(x)))
 
 
 def _erf_grad(xp: Any, x: Any) -> Any:
@@ -339,7 +339,7 @@ _UNARY: dict[str, Callable[[Any, Any], Any]] = {
     "Sqrt": lambda xp, x: xp.sqrt(x), "Abs": lambda xp, x: xp.abs(x),
     "Negative": lambda xp, x: xp.negative(x), "Sign": lambda xp, x: xp.sign(x),
     "Ceil": lambda xp, x: xp.ceil(x), "Floor": lambda xp, x: xp.floor(x),
-    "Sqr": lambda xp, x: xp.multiply(x, x), "Erf": _erf,
+    "Sqr": lambda xp, x: xp.multiply(x, x), "Erf": erf,
     "Cos": lambda xp, x: xp.cos(x), "Sin": lambda xp, x: xp.sin(x),
     "Tan": lambda xp, x: xp.tan(x), "Acos": lambda xp, x: xp.arccos(x),
     "Asin": lambda xp, x: xp.arcsin(x), "Atan": lambda xp, x: xp.arctan(x),

@@ -1,8 +1,7 @@
 """Elementwise unary ops of Caffe2's final release: Gelu, Mish, Softsign, Cbrt, Log1p and
 Reciprocal, each with its gradient op and Caffe2's gradient-op inputs.
 
-Gelu's exact form uses erf (``fast_gelu=1``: the tanh approximation); kernels compute in the
-input's dtype except erf, which numpy lacks and is evaluated in float64 on the host.
+Gelu's exact form uses erf (``fast_gelu=1``: the tanh approximation).
 """
 
 from __future__ import annotations
@@ -12,13 +11,13 @@ import math
 import numpy as np
 
 from dpgraph.ir.registry import register_gradient, register_op
-from dpgraph.ops._common import as_dtype, host, same_as_input
+from dpgraph.ops._common import as_dtype, same_as_input
 from dpgraph.ops.context import OpContext, Outputs
 from dpgraph.ops.gradient_builder import GradientBuilder
+from dpgraph.ops.math import erf
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 _GELU_CUBIC = 0.044715
-_erf = np.frompyfunc(math.erf, 1, 1)
 
 
 def _arrays(ctx: OpContext) -> list:
@@ -26,9 +25,7 @@ def _arrays(ctx: OpContext) -> list:
 
 
 def _normal_cdf(ctx: OpContext, x: np.ndarray) -> np.ndarray:
-    values = host(x).astype(np.float64)
-    cdf = 0.5 * (1.0 + _erf(values / math.sqrt(2.0)).astype(np.float64))
-    return ctx.xp.asarray(cdf.astype(x.dtype))
+    return 0.5 * (1.0 + erf(ctx.xp, x / math.sqrt(2.0)))
 
 
 def _fast_gelu_parts(xp: object, x: np.ndarray) -> tuple:
