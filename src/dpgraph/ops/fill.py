@@ -313,6 +313,27 @@ def diagonal_fill(ctx: OpContext) -> Outputs:
     return (out.reshape(shape),)
 
 
+@register_op("Range", inputs=(1, 3), outputs=1)
+def range_op(ctx: OpContext) -> Outputs:
+    """``Range(stop)``, ``Range(start, stop)`` or ``Range(start, stop, step)`` of scalar
+    tensors of one type -> the 1-D tensor ``arange(start, stop, step)`` of that type."""
+    scalars = [np.asarray(to_host(v)) for v in ctx.inputs]
+    if any(v.size != 1 for v in scalars):
+        raise ctx.fail(f"inputs must be scalars, got shapes {[list(v.shape) for v in scalars]}")
+    if len({v.dtype for v in scalars}) != 1:
+        raise ArgumentError(ctx.describe(
+            f"inputs must share one type, got {[str(v.dtype) for v in scalars]}; cast them"))
+    dtype = scalars[0].dtype
+    values = [v.reshape(()).item() for v in scalars]
+    start, stop, step = ([0, *values, 1] if len(values) == 1 else
+                         [*values, 1] if len(values) == 2 else values)
+    if step == 0:
+        raise ArgumentError(ctx.describe("step must be non-zero"))
+    count = max(0, int(np.ceil((stop - start) / step)))
+    check_tensor_size([count], dtype.itemsize, ctx.describe("Range output"))
+    return (ctx.xp.asarray(np.arange(count, dtype=dtype) * dtype.type(step) + dtype.type(start)),)
+
+
 def no_gradient(g: GradientBuilder) -> None:
     """Caffe2's ``NO_GRADIENT``: no gradient ops and no input gradients."""
 
@@ -321,5 +342,5 @@ for _filler in ("ConstantFill", "UniformFill", "UniformIntFill", "GaussianFill",
                 "MSRAFill", "GivenTensorFill", "GivenTensorDoubleFill", "GivenTensorIntFill",
                 "GivenTensorInt64Fill", "GivenTensorBoolFill", "GivenTensorStringFill",
                 "GivenTensorByteStringToUInt8Fill", "RangeFill", "LengthsRangeFill",
-                "DiagonalFill"):
+                "DiagonalFill", "Range"):
     register_gradient(_filler)(no_gradient)

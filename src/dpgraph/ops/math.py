@@ -314,6 +314,30 @@ for _type, _compare_fn in _COMPARE.items():
     _register_compare(_type, _compare_fn)
 
 
+_BITWISE: dict[str, Callable[[Any, Any, Any], Any]] = {
+    "BitwiseAnd": lambda xp, a, b: xp.bitwise_and(a, b),
+    "BitwiseOr": lambda xp, a, b: xp.bitwise_or(a, b),
+    "BitwiseXor": lambda xp, a, b: xp.bitwise_xor(a, b),
+}
+
+
+def _register_bitwise(op_type: str, fn: Callable[[Any, Any, Any], Any]) -> None:
+    def kernel(ctx: OpContext) -> Outputs:
+        a, b = binary_operands(ctx)
+        if a.dtype.kind not in "biu" or b.dtype.kind not in "biu":
+            raise ArgumentError(ctx.describe(
+                f"{op_type} takes bool or integer tensors, got {a.dtype} and {b.dtype}; "
+                "cast them first"))
+        return (ctx.xp.asarray(fn(ctx.xp, a, b)),)
+
+    kernel.__doc__ = f"C = {op_type}(A, B) on bool/integer tensors, with Caffe2 broadcasting."
+    register_op(op_type, inputs=2, outputs=1, inplace=[(0, 0)], shape=_binary_infer())(kernel)
+
+
+for _type, _bitwise_fn in _BITWISE.items():
+    _register_bitwise(_type, _bitwise_fn)
+
+
 @register_op("Not", inputs=1, outputs=1, shape=same_as_input(0, DataType.BOOL))
 def not_op(ctx: OpContext) -> Outputs:
     """Y = not X (bool)."""
