@@ -210,21 +210,13 @@ def _sub_gradient(g: GradientBuilder) -> None:
     g.add("SubGradient", [g.GO(0), g.I(0), g.I(1)], [g.GI(0), g.GI(1)])
 
 
-@register_gradient("Mul", copy_arguments=False)
+@register_gradient("Mul")
 def _mul_gradient(g: GradientBuilder) -> None:
+    """The final Caffe2's ``MulGradient([dC, A, B]) -> [dA, dB]`` (forward args copied)."""
     if g.O(0) in (g.I(0), g.I(1)):
         raise GradientError(f"Gradient computation cannot be carried out if Mul uses in-place "
                             f"computation: inputs {list(g.op.input)}, output {g.O(0)!r}.")
-    if not _has_arg(g, "broadcast"):
-        g.add("Mul", [g.GO(0), g.I(1)], [g.GI(0)])
-        g.add("Mul", [g.GO(0), g.I(0)], [g.GI(1)])
-        return
-    args = broadcast_arguments(g)
-    pre = g.GI(1) + "_autogen_pre_red"
-    _add_with_args(g, "Mul", [g.GO(0), g.I(1)], [g.GI(0)], args, "mul_grad_1st_op")
-    _add_with_args(g, "Mul", [g.GO(0), g.I(0)], [pre], [], "mul_gradient_2nd_op")
-    _add_with_args(g, "SumReduceLike", [pre, g.I(1)], [g.GI(1)], args[1:],
-                   "mul_with_broadcast_grad_3")
+    g.add("MulGradient", [g.GO(0), g.I(0), g.I(1)], [g.GI(0), g.GI(1)])
 
 
 @register_gradient("Div")
