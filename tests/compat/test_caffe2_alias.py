@@ -163,3 +163,18 @@ def test_install_gives_numpy_back_the_aliases_caffe2_code_uses() -> None:
 
     alias.install()
     assert np.str is str and np.float is float and np.asscalar(np.array([3])) == 3
+
+
+def test_runner_installs_the_alias_in_child_python_processes(tmp_path: Path) -> None:
+    """Detectron's multi-GPU testing starts one Python per GPU through the shell."""
+    parent = tmp_path / "parent.py"
+    parent.write_text(textwrap.dedent(f"""
+        import subprocess
+        child = subprocess.run([{sys.executable!r}, "-c",
+                                "from caffe2.python import workspace; print(workspace.__name__)"],
+                               capture_output=True, text=True, check=True)
+        print("CHILD", child.stdout.strip())
+    """))
+    out = subprocess.run([sys.executable, "-m", "dpgraph.compat.caffe2", str(parent)],
+                         capture_output=True, text=True, check=True)
+    assert "CHILD dpgraph.workspace" in out.stdout

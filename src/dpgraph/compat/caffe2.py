@@ -143,6 +143,19 @@ def uninstall() -> None:
         del sys.modules[name]
 
 
+#: Folder whose ``sitecustomize.py`` installs the alias in every Python process started with it
+#: on ``PYTHONPATH``.
+AUTOLOAD_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "autoload")
+
+
+def propagate_to_child_processes() -> None:
+    """Put :data:`AUTOLOAD_DIR` first on ``PYTHONPATH`` (of this process's environment), so
+    Python processes the script starts import ``caffe2`` through the alias as well."""
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if AUTOLOAD_DIR not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([AUTOLOAD_DIR, *paths])
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m dpgraph.compat.caffe2 SCRIPT [ARGS]`` or ``... -m MODULE [ARGS]``."""
     args = list(sys.argv[1:] if argv is None else argv)
@@ -152,6 +165,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               "Runs a Caffe2 script with caffe2.python.* resolved to dpgraph.")
         return 0 if args else 2
     install()
+    propagate_to_child_processes()
     if args[0] == "-m" and len(args) > 1:
         sys.argv = [args[1], *args[2:]]
         runpy.run_module(args[1], run_name="__main__", alter_sys=True)
