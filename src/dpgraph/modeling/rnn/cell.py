@@ -230,7 +230,7 @@ def _gates_input(model: Any, hidden_t_prev: Any, hidden_size: int, extra_inputs:
 
 def _unit_inputs(*blobs: Any) -> list[Any]:
     """LSTMUnit's inputs, without seq_lengths when it is None."""
-    return [[b for b in blobs if b is not None]]
+    return [b for b in blobs if b is not None]
 
 
 def _lengths_flag(seq_lengths: Any) -> dict[str, Any]:
@@ -239,8 +239,9 @@ def _lengths_flag(seq_lengths: Any) -> dict[str, Any]:
     return {} if seq_lengths is not None else {"sequence_lengths": False}
 
 
-class LSTMCell(RNNCell):
-    """The LSTM of LSTMUnit: gates = FC(h_prev) + FC(x_t), laid out [i | f | o | g]."""
+class _LSTMGates(RNNCell):
+    """What the LSTMUnit cells share: their configuration, the input projection ``i2h``
+    (4 * hidden gates) and the output width."""
 
     def __init__(self, input_size: int, hidden_size: int, forget_bias: float,
                  memory_optimization: bool, drop_states: bool = False, initializer: Any = None,
@@ -253,6 +254,20 @@ class LSTMCell(RNNCell):
         self.memory_optimization = memory_optimization
         self.drop_states = drop_states
         self.gates_size = 4 * self.hidden_size
+
+    def get_input_params(self) -> dict[str, str]:
+        return {"weights": self.scope("i2h") + "_w", "biases": self.scope("i2h") + "_b"}
+
+    def prepare_input(self, model: Any, input_blob: Any) -> Any:
+        return brew.fc(model, input_blob, self.scope("i2h"), dim_in=self.input_size,
+                       dim_out=self.gates_size, axis=2)
+
+    def get_output_dim(self) -> int:
+        return self.hidden_size
+
+
+class LSTMCell(_LSTMGates):
+    """The LSTM of LSTMUnit: gates = FC(h_prev) + FC(x_t), laid out [i | f | o | g]."""
 
     def apply_override(self, model: Any, input_t: Any, seq_lengths: Any, states: Any,
                        timestep: Any, extra_inputs: Any = None) -> Any:
@@ -262,47 +277,24 @@ class LSTMCell(RNNCell):
         gates_t = brew.fc(model, fc_input, "gates_t", dim_in=fc_input_dim,
                           dim_out=self.gates_size, axis=2)
         brew.sum(model, [gates_t, input_t], gates_t)
-        inputs = [hidden_t_prev, cell_t_prev, gates_t]
-        inputs += [seq_lengths, timestep] if seq_lengths is not None else [timestep]
         hidden_t, cell_t = model.net.LSTMUnit(
-            inputs, ["hidden_state", "cell_state"], forget_bias=self.forget_bias,
+            _unit_inputs(hidden_t_prev, cell_t_prev, gates_t, seq_lengths, timestep),
+            ["hidden_state", "cell_state"], forget_bias=self.forget_bias,
             drop_states=self.drop_states, sequence_lengths=(seq_lengths is not None))
         model.net.AddExternalOutputs(hidden_t, cell_t)
         if self.memory_optimization:
             self.recompute_blobs = [gates_t]
         return hidden_t, cell_t
 
-    def get_input_params(self) -> dict[str, str]:
-        return {"weights": self.scope("i2h") + "_w", "biases": self.scope("i2h") + "_b"}
-
     def get_recurrent_params(self) -> dict[str, str]:
         return {"weights": self.scope("gates_t") + "_w", "biases": self.scope("gates_t") + "_b"}
-
-    def prepare_input(self, model: Any, input_blob: Any) -> Any:
-        return brew.fc(model, input_blob, self.scope("i2h"), dim_in=self.input_size,
-                       dim_out=self.gates_size, axis=2)
 
     def get_state_names_override(self) -> Sequence[str]:
         return ["hidden_t", "cell_t"]
 
-    def get_output_dim(self) -> int:
-        return self.hidden_size
 
-
-class LayerNormLSTMCell(RNNCell):
+class LayerNormLSTMCell(_LSTMGates):
     """LSTMCell with layer normalisation of the gates (``S/gates_t_norm``)."""
-
-    def __init__(self, input_size: int, hidden_size: int, forget_bias: float,
-                 memory_optimization: bool, drop_states: bool = False, initializer: Any = None,
-                 **kwargs: Any) -> None:
-        super().__init__(initializer=initializer, **kwargs)
-        self.initializer = initializer or LSTMInitializer(hidden_size=hidden_size)
-        self.input_size = input_size
-        self.hidden_size = hidden_size
-        self.forget_bias = float(forget_bias)
-        self.memory_optimization = memory_optimization
-        self.drop_states = drop_states
-        self.gates_size = 4 * self.hidden_size
 
     def _apply(self, model: Any, input_t: Any, seq_lengths: Any, states: Any, timestep: Any,
                extra_inputs: Any = None) -> Any:
@@ -316,7 +308,7 @@ class LayerNormLSTMCell(RNNCell):
         gates_t, _, _ = brew.layer_norm(model, self.scope("gates_t"), self.scope("gates_t_norm"),
                                         dim_in=self.gates_size, axis=-1)
         hidden_t, cell_t = model.net.LSTMUnit(
-            *_unit_inputs(hidden_t_prev, cell_t_prev, gates_t, seq_lengths, timestep),
+            _unit_inputs(hidden_t_prev, cell_t_prev, gates_t, seq_lengths, timestep),
             list(self.get_state_names()), forget_bias=self.forget_bias,
             drop_states=self.drop_states, **_lengths_flag(seq_lengths))
         model.net.AddExternalOutputs(hidden_t, cell_t)
@@ -324,18 +316,8 @@ class LayerNormLSTMCell(RNNCell):
             self.recompute_blobs = [gates_t]
         return hidden_t, cell_t
 
-    def get_input_params(self) -> dict[str, str]:
-        return {"weights": self.scope("i2h") + "_w", "biases": self.scope("i2h") + "_b"}
-
-    def prepare_input(self, model: Any, input_blob: Any) -> Any:
-        return brew.fc(model, input_blob, self.scope("i2h"), dim_in=self.input_size,
-                       dim_out=self.gates_size, axis=2)
-
     def get_state_names(self) -> Any:
         return (self.scope("hidden_t"), self.scope("cell_t"))
-
-    def get_output_dim(self) -> int:
-        return self.hidden_size
 
 
 class MILSTMCell(LSTMCell):
@@ -367,7 +349,7 @@ class MILSTMCell(LSTMCell):
                                             self.scope("gates_t_norm"), dim_in=self.gates_size,
                                             axis=-1)
         hidden_t, cell_t = model.net.LSTMUnit(
-            *_unit_inputs(hidden_t_prev, cell_t_prev, gates_t, seq_lengths, timestep),
+            _unit_inputs(hidden_t_prev, cell_t_prev, gates_t, seq_lengths, timestep),
             [self.scope("hidden_t_intermediate"), self.scope("cell_t")],
             forget_bias=self.forget_bias, drop_states=self.drop_states,
             **_lengths_flag(seq_lengths))
