@@ -33,7 +33,43 @@ def db_name(epoch: int, node_name: str, db_prefix: str, path_prefix: str | None 
     return path_prefix + filename if path_prefix else os.path.join(db_prefix, filename)
 
 
-class CheckpointManager:
+class _MetadataHandling:
+    """What both checkpoint managers do through their optional metadata handler."""
+
+    _metadata_handler: Any
+    _db_prefix: str
+    _db_type: str
+    _path_prefix: str | None
+    _path_type: str | None
+
+    def _set_paths(self, node_names: list[str], path_prefix: str | None,
+                   path_type: str | None) -> None:
+        if path_prefix:
+            self._path_prefix = path_prefix
+        if path_type:
+            self._path_type = path_type
+        if self._metadata_handler:
+            self._metadata_handler.set_params(
+                db_prefix=self._db_prefix, db_type=self._db_type, node_names=node_names,
+                path_prefix=self._path_prefix, path_type=self._path_type)
+
+    def write_checkpoint_metadata(self, epoch: int) -> None:
+        if self._metadata_handler is not None:
+            self._metadata_handler.write(epoch=epoch)
+
+    def get_resume_from_epoch_id(self, user_epoch: int | None = None) -> int | None:
+        """The epoch to resume from: ``user_epoch``, or the metadata handler's answer."""
+        if self._metadata_handler is not None:
+            return self._metadata_handler.last_epoch(user_epoch=user_epoch)
+        return user_epoch
+
+    def cp_accessible(self, epoch: int | None = None) -> bool:
+        if self._metadata_handler is not None:
+            return bool(self._metadata_handler.cp_accessible(epoch))
+        return True
+
+
+class CheckpointManager(_MetadataHandling):
     """Saves and loads one node's global workspace at epoch boundaries (single node)."""
 
     BLOB_NAMES = "blob_names"
@@ -146,35 +182,12 @@ class CheckpointManager:
                      absolute_path=True)
         return self._timed_task("checkpoint_save", add_op)
 
-    def write_checkpoint_metadata(self, epoch: int) -> None:
-        if self._metadata_handler is not None:
-            self._metadata_handler.write(epoch=epoch)
-
-    def get_resume_from_epoch_id(self, user_epoch: int | None = None) -> int | None:
-        """The epoch to resume from: ``user_epoch``, or the metadata handler's answer."""
-        if self._metadata_handler is not None:
-            return self._metadata_handler.last_epoch(user_epoch=user_epoch)
-        return user_epoch
-
     def set_params(self, nodes: Any, path_prefix: str | None = None,
                    path_type: str | None = None) -> None:
-        if path_prefix:
-            self._path_prefix = path_prefix
-        if path_type:
-            self._path_type = path_type
-        if self._metadata_handler:
-            self._metadata_handler.set_params(
-                db_prefix=self._db_prefix, db_type=self._db_type,
-                node_names=[str(self._node_name)], path_prefix=self._path_prefix,
-                path_type=self._path_type)
-
-    def cp_accessible(self, epoch: int | None = None) -> bool:
-        if self._metadata_handler is not None:
-            return bool(self._metadata_handler.cp_accessible(epoch))
-        return True
+        self._set_paths([str(self._node_name)], path_prefix, path_type)
 
 
-class MultiNodeCheckpointManager:
+class MultiNodeCheckpointManager(_MetadataHandling):
     """Checkpoints every node of a job: ``init``/``load``/``save`` build task groups with
     one CheckpointManager task per node."""
 
@@ -262,32 +275,10 @@ class MultiNodeCheckpointManager:
     def save(self, epoch: int) -> TaskGroup:
         return self._task_group(CheckpointManager.save, epoch)
 
-    def write_checkpoint_metadata(self, epoch: int) -> None:
-        if self._metadata_handler is not None:
-            self._metadata_handler.write(epoch=epoch)
-
-    def get_resume_from_epoch_id(self, user_epoch: int | None = None) -> int | None:
-        if self._metadata_handler is not None:
-            return self._metadata_handler.last_epoch(user_epoch=user_epoch)
-        return user_epoch
-
     def set_params(self, nodes: list[Any], path_prefix: str | None = None,
                    path_type: str | None = None) -> None:
         self._node_names = [str(node) for node in nodes]
-        if path_prefix:
-            self._path_prefix = path_prefix
-        if path_type:
-            self._path_type = path_type
-        if self._metadata_handler:
-            self._metadata_handler.set_params(
-                db_prefix=self._db_prefix, db_type=self._db_type,
-                node_names=self._node_names, path_prefix=self._path_prefix,
-                path_type=self._path_type)
-
-    def cp_accessible(self, epoch: int | None = None) -> bool:
-        if self._metadata_handler is not None:
-            return bool(self._metadata_handler.cp_accessible(epoch))
-        return True
+        self._set_paths(self._node_names, path_prefix, path_type)
 
 
 class UploadTaskGroupBuilder:
