@@ -214,7 +214,8 @@ def test_seq_model_clones_and_predictor(caffe2: None) -> None:
     assert info["pred_types"] == ["Reshape", "FC", "Tanh", "FC", "Softmax"]
     assert info["export_blobs"] == ["hidden_b", "hidden_w", "logits_b", "logits_w"]
     assert info["pred_ext_out"] == ["softmax"] and "data" in info["pred_ext_in"]
-    np.testing.assert_allclose(info["sm_pred"], info["sm_partial"][:4], rtol=1e-6)
+    # A batch of 4 and the full batch take different BLAS blockings: float32 rounding differs.
+    np.testing.assert_allclose(info["sm_pred"], info["sm_partial"][:4], rtol=1e-5, atol=1e-7)
     assert info["eval_loss"] < losses[0]
 
 
