@@ -5,7 +5,7 @@ from typing import Any
 
 import numpy as np
 
-from dpgraph.ir.arguments import MakeArgument, argument_value
+from dpgraph.ir.arguments import MakeArgument
 from dpgraph.ir.blob_serde import numpy_to_tensor_proto, tensor_proto_to_numpy
 from dpgraph.runtime import devices as _devices
 from dpgraph.runtime.api import current as _current_workspace
@@ -15,8 +15,28 @@ ITERATION_MUTEX_NAME = "iteration_mutex"
 
 
 def ArgsToDict(args: Any) -> dict[str, Any]:
-    """``{name: value}`` for a list of Argument protos."""
-    return {a.name: argument_value(a) for a in args}
+    """``{name: value}`` for a list of Argument protos, as Caffe2 gives it: strings stay
+    bytes, lists are lists, an argument with no value maps to ``None`` and an unnamed one
+    is skipped."""
+    return {a.name: _raw_value(a) for a in args if a.HasField("name")}
+
+
+def _is_repeated(field: Any) -> bool:
+    repeated = getattr(field, "is_repeated", None)  # protobuf >= 5.28; ``label`` before
+    return bool(field.label == field.LABEL_REPEATED if repeated is None else repeated)
+
+
+def _raw_value(argument: Any) -> Any:
+    for field in argument.DESCRIPTOR.fields:
+        if field.name == "name":
+            continue
+        if _is_repeated(field):
+            values = getattr(argument, field.name)
+            if values:
+                return list(values)
+        elif argument.HasField(field.name):
+            return getattr(argument, field.name)
+    return None
 
 
 def BuildUniqueMutexIter(init_net: Any, net: Any, iter: Any = None, iter_mutex: Any = None,

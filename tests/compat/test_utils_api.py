@@ -45,3 +45,12 @@ def test_raise_if_not_equal_and_enum_values() -> None:
         lower = "ignored"
 
     assert utils.EnumClassKeyVals(Kind) == {"DENSE": "dense", "SPARSE": "sparse"}
+
+
+def test_args_to_dict_keeps_caffe2_raw_values() -> None:
+    args = [utils.MakeArgument("i", 3), utils.MakeArgument("f", 4.0),
+            utils.MakeArgument("s", "foo"), utils.MakeArgument("ints", [3, 4]),
+            utils.MakeArgument("strs", ["foo", "bar"]), caffe2_pb2.Argument(name="empty"),
+            caffe2_pb2.Argument(i=7)]
+    assert utils.ArgsToDict(args) == {"i": 3, "f": 4.0, "s": b"foo", "ints": [3, 4],
+                                      "strs": [b"foo", b"bar"], "empty": None}
