@@ -165,3 +165,15 @@ def test_python_op_may_call_the_workspace_api(net_type: str) -> None:
     workspace.RunNet(net, 2)
     np.testing.assert_array_equal(workspace.FetchBlob("z"), [3.0, 3.0])
     np.testing.assert_array_equal(workspace.FetchBlob("side"), [6.0, 6.0])
+
+
+def test_pass_workspace_gets_caffe2_workspace_object() -> None:
+    values = np.arange(3, dtype=np.float32)
+    fetched = []
+    ws = workspace.C.Workspace()
+    net = core.Net("ws_view")
+    net.GivenTensorFill([], ["internal"], values=values, shape=values.shape)
+    net.Python(lambda i, o, w: fetched.append(w.blobs["internal"].fetch()),
+               pass_workspace=True)([], [])
+    ws.run(net)
+    np.testing.assert_array_equal(fetched[0], values)

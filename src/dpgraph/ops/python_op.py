@@ -16,7 +16,7 @@ gradients (or the ``grad_output_indices`` subset) and writes the input gradients
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -33,6 +33,11 @@ from dpgraph.ir.registry import register_gradient, register_op
 from dpgraph.ops.context import OpContext, Outputs
 from dpgraph.ops.fill import numpy_dtype
 from dpgraph.ops.gradient_builder import GradientBuilder
+
+#: What a ``pass_workspace`` function receives for the running workspace.  The runtime's
+#: Caffe2 binding (``workspace.C``) sets this to its ``C.Workspace`` wrapper, so the
+#: function sees ``ws.blobs[name].fetch()``, ``ws.create_blob`` and friends, as in Caffe2.
+WORKSPACE_VIEW: Callable[[Any], Any] = lambda ws: ws
 
 
 class PythonTensor:
@@ -110,7 +115,7 @@ def _run(ctx: OpContext, grad: bool) -> Outputs:
         prev = ctx.prev_output(index)
         outputs.append(PythonTensor(None if prev is None else np.array(_host(ctx, prev))))
     if pass_workspace:
-        fn(inputs, outputs, ctx.workspace)
+        fn(inputs, outputs, WORKSPACE_VIEW(ctx.workspace))
     else:
         fn(inputs, outputs)
     result = []

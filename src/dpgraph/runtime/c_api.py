@@ -22,6 +22,7 @@ from typing import Any
 
 from dpgraph.errors import NotSupportedError, WorkspaceError
 from dpgraph.ir.registry import OPERATORS
+from dpgraph.ops import python_op
 from dpgraph.proto import caffe2_pb2
 from dpgraph.runtime import api
 from dpgraph.runtime.workspace import Workspace as RuntimeWorkspace
@@ -233,6 +234,9 @@ class Workspace(metaclass=_WorkspaceMeta):
 
     def __repr__(self) -> str:
         return f"C.Workspace({self._ws.name!r})"
+
+
+python_op.WORKSPACE_VIEW = Workspace._wrap  # pass_workspace functions get a C.Workspace
 
 
 def _check_inputs_exist(ws: Any, proto: caffe2_pb2.NetDef) -> None:
