@@ -37,7 +37,11 @@ from dpgraph.ops.gradient_builder import GradientBuilder
 #: What a ``pass_workspace`` function receives for the running workspace.  The runtime's
 #: Caffe2 binding (``workspace.C``) sets this to its ``C.Workspace`` wrapper, so the
 #: function sees ``ws.blobs[name].fetch()``, ``ws.create_blob`` and friends, as in Caffe2.
-WORKSPACE_VIEW: Callable[[Any], Any] = lambda ws: ws
+def _as_is(workspace: Any) -> Any:
+    return workspace
+
+
+WORKSPACE_VIEW: Callable[[Any], Any] = _as_is
 
 
 class PythonTensor:
