@@ -34,6 +34,7 @@ from dpgraph.ops.context import OpContext, Outputs
 from dpgraph.ops.fill import numpy_dtype
 from dpgraph.ops.gradient_builder import GradientBuilder
 
+
 #: What a ``pass_workspace`` function receives for the running workspace.  The runtime's
 #: Caffe2 binding (``workspace.C``) sets this to its ``C.Workspace`` wrapper, so the
 #: function sees ``ws.blobs[name].fetch()``, ``ws.create_blob`` and friends, as in Caffe2.
