@@ -11,7 +11,9 @@ from dpgraph.runtime import devices as _devices
 from dpgraph.runtime.api import current as _current_workspace
 
 OPTIMIZER_ITERATION_NAME = "optimizer_iteration"
+OPTIMIZER_ITERATION_LR_NAME = "optimizer_iteration_lr"
 ITERATION_MUTEX_NAME = "iteration_mutex"
+ITERATION_MUTEX_LR_NAME = "iteration_mutex_lr"
 
 
 def ArgsToDict(args: Any) -> dict[str, Any]:
@@ -205,4 +207,5 @@ __all__ = ["ArgsToDict", "BuildUniqueMutexIter", "Caffe2TensorToNumpyArray",
            "GetContentFromProtoString", "OpAlmostEqual", "TryReadProtoWithClass", "debug",
            "raiseIfNotEqual",
            "CaffeBlobToNumpyArray", "GetGPUMemoryUsageStats", "ITERATION_MUTEX_NAME",
-           "MakeArgument", "NumpyArrayToCaffe2Tensor", "OPTIMIZER_ITERATION_NAME"]
+           "ITERATION_MUTEX_LR_NAME", "MakeArgument", "NumpyArrayToCaffe2Tensor",
+           "OPTIMIZER_ITERATION_LR_NAME", "OPTIMIZER_ITERATION_NAME"]

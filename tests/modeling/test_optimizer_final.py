@@ -8,6 +8,7 @@ import pytest
 
 from dpgraph import brew, core, optimizer, workspace
 from dpgraph.cnn import CNNModelHelper
+from dpgraph.errors import ModelConfigError
 from dpgraph.ir.blob import GradientSlice
 from dpgraph.model_helper import ModelHelper
 from dpgraph.modeling.initializers import Initializer
@@ -253,3 +254,27 @@ def test_adam_final_options_graph():
                                                                   "fc_w_effective_grad"]
     with pytest.raises(Exception, match="RAdam"):
         optimizer.build_adam(_sparse_model(), 0.1, rowWise=True, enableRAdam=True)
+
+
+def test_adagrad_dedicated_lr_iteration_counter() -> None:
+    from dpgraph import utils
+
+    model = _dense_model()
+    opt = optimizer.build_adagrad(model, base_learning_rate=1.0,
+                                  use_dedicated_lr_iteration_counter=True)
+    assert opt.use_dedicated_lr_iteration_counter
+    init_outputs = [o for op in model.param_init_net.Proto().op for o in op.output]
+    assert {utils.OPTIMIZER_ITERATION_LR_NAME, utils.ITERATION_MUTEX_LR_NAME,
+            utils.OPTIMIZER_ITERATION_NAME, utils.ITERATION_MUTEX_NAME} <= set(init_outputs)
+    lr_ops = [op for op in model.net.Proto().op if op.type == "LearningRate"]
+    assert [op.input[0] for op in lr_ops] == ["optimizer_iteration_lr", "optimizer_iteration"]
+    assert lr_ops[1].output[0].endswith("iter_placement_hint_cpu")
+    workspace.FeedBlob("data", np.ones(5, np.float32))
+    workspace.FeedBlob("label", np.zeros(1, np.float32))
+    workspace.RunNetOnce(model.param_init_net)
+    workspace.CreateNet(model.net)
+    workspace.RunNet(model.net, 3)
+    assert workspace.FetchBlob("optimizer_iteration_lr") == workspace.FetchBlob(
+        "optimizer_iteration") == 3
+    with pytest.raises(ModelConfigError, match="dedicated learning-rate iteration counter"):
+        optimizer.SgdOptimizer().build_non_lr_iter(model.net, model.param_init_net)

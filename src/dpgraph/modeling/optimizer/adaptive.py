@@ -64,7 +64,8 @@ class AdagradOptimizer(Optimizer):
                  lars: Any = None, output_effective_lr: bool = False,
                  output_effective_lr_and_update: bool = False, pruning_options: Any = None,
                  swa_options: Any = None, ema_options: Any = None, weight_scale: Any = None,
-                 counter_halflife: int = -1, **kwargs: Any) -> None:
+                 counter_halflife: int = -1, use_dedicated_lr_iteration_counter: bool = False,
+                 **kwargs: Any) -> None:
         super().__init__()
         self.alpha = alpha
         self.epsilon = epsilon
@@ -79,6 +80,7 @@ class AdagradOptimizer(Optimizer):
         self.output_effective_lr_and_update = output_effective_lr_and_update
         self.counter_halflife = counter_halflife
         self.init_kwargs = kwargs
+        self.use_dedicated_lr_iteration_counter = use_dedicated_lr_iteration_counter
         for name, option in (("pruning_options", pruning_options),
                              ("swa_options", swa_options), ("ema_options", ema_options),
                              ("weight_scale", weight_scale)):
@@ -121,8 +123,10 @@ class AdagradOptimizer(Optimizer):
         self._start_local_lr(net, param_init_net, param, grad, self.lars)
         lr, lr_iteration = self.build_lr(net, param_init_net, base_learning_rate=self.alpha,
                                          policy=self.policy, **self.init_kwargs)
+        iteration = (self.build_non_lr_iter(net, param_init_net)
+                     if self._use_dedicated_lr_iteration_counter else lr_iteration)
         if self.counter_halflife > 0:
-            self._aux_params.shared.append(lr_iteration)
+            self._aux_params.shared.append(iteration)
         shape = _inferred_shape(param_init_net, param)
         weight_decay = 0.0 if shape is not None and len(shape) == 1 else self.weight_decay
         squared_sum = self._state(param_init_net, param, shape)
@@ -147,7 +151,7 @@ class AdagradOptimizer(Optimizer):
         if self.counter_halflife > 0:
             counter, prev_iter = self._counter_state(param_init_net, param, shape)
             self._aux_params.local.extend([counter, prev_iter])
-            net.RowWiseCounter([prev_iter, counter, grad.indices, lr_iteration],
+            net.RowWiseCounter([prev_iter, counter, grad.indices, iteration],
                                [prev_iter, counter], counter_halflife=self.counter_halflife)
         op = "RowWiseSparseAdagrad" if self.rowWise else "SparseAdagrad"
         net.__getattr__(op)([param, squared_sum, grad.indices, grad.values, lr],

@@ -16,7 +16,9 @@ from dpgraph.modeling.parameter_info import ParameterInfo
 from dpgraph.proto import caffe2_pb2
 
 OPTIMIZER_ITERATION_NAME = "optimizer_iteration"
+OPTIMIZER_ITERATION_LR_NAME = "optimizer_iteration_lr"
 ITERATION_MUTEX_NAME = "iteration_mutex"
+ITERATION_MUTEX_LR_NAME = "iteration_mutex_lr"
 _LEARNING_RATE_INJECTION = "lr_injection"
 FP16_ENGINES = ["SIMD_Q_FP16", "SIMD_Q_STOC_FP16", "SIMD_Q_STOC_MKL_FP16"]
 
@@ -65,6 +67,16 @@ class Optimizer:
         self._lr_multiplier: Any = None
         self._local_lr_multiplier: Any = None
         self._local_lr_multiplier_on_gpu = False
+        self._use_dedicated_lr_iteration_counter = False
+
+    @property
+    def use_dedicated_lr_iteration_counter(self) -> bool:
+        """Whether the learning rate counts its own iterations (``optimizer_iteration_lr``)."""
+        return self._use_dedicated_lr_iteration_counter
+
+    @use_dedicated_lr_iteration_counter.setter
+    def use_dedicated_lr_iteration_counter(self, value: bool) -> None:
+        self._use_dedicated_lr_iteration_counter = value
 
     def __call__(self, net: Any, param_init_net: Any, param: Any, grad: Any = None) -> None:
         if grad is None:
@@ -112,7 +124,13 @@ class Optimizer:
         scaled by the lr multiplier when one was added.  Returns ``(lr, iteration)``."""
         if learning_rate_blob is None:
             learning_rate_blob = self.make_unique_blob_name("lr")
-        iteration = BuildUniqueMutexIter(param_init_net, net, iter_val=iter_val)
+        if self._use_dedicated_lr_iteration_counter:
+            iteration = BuildUniqueMutexIter(param_init_net, net,
+                                             iter=OPTIMIZER_ITERATION_LR_NAME,
+                                             iter_mutex=ITERATION_MUTEX_LR_NAME,
+                                             iter_val=iter_val)
+        else:
+            iteration = BuildUniqueMutexIter(param_init_net, net, iter_val=iter_val)
         if not net.BlobIsDefined(learning_rate_blob):
             lr = net.LearningRate([iteration], learning_rate_blob,
                                   base_lr=-base_learning_rate, policy=policy, **kwargs)
@@ -126,6 +144,21 @@ class Optimizer:
         if self._local_lr_multiplier is not None:
             lr = self._apply_local_lr_multiplier(net, lr)
         return lr, iteration
+
+    def build_non_lr_iter(self, net: Any, param_init_net: Any, iter_val: int = 0) -> Any:
+        """The shared ``optimizer_iteration`` counter for non-learning-rate uses when the
+        learning rate has its own; a fixed ``LearningRate`` on it (its
+        ``iter_placement_hint``) keeps it placed with the trainer, as in Caffe2."""
+        if not self._use_dedicated_lr_iteration_counter:
+            raise ModelConfigError(
+                f"{type(self).__name__}.build_non_lr_iter is only for optimizers with a "
+                f"dedicated learning-rate iteration counter; set "
+                f"use_dedicated_lr_iteration_counter=True or use build_lr's iteration.")
+        iteration = BuildUniqueMutexIter(param_init_net, net, iter_val=iter_val)
+        hint = self.make_unique_blob_name("iter_placement_hint")
+        if not net.BlobIsDefined(hint):
+            net.LearningRate([iteration], hint, base_lr=1.0, policy="fixed")
+        return iteration
 
     def _apply_local_lr_multiplier(self, net: Any, lr: Any) -> Any:
         current = scope.CurrentDeviceScope()
