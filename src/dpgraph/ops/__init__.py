@@ -11,7 +11,7 @@ _FAMILIES = (
     "image", "text", "python_op", "detection", "proposals", "detectron", "db", "persist",
     "image_input", "control", "recurrent", "rnn_units", "optim_adaptive", "index", "bucket",
     "dataset", "dataset_records", "timer", "compress", "lp_norm", "monitoring", "map_ops",
-    "rebatching_queue", "text_file_reader", "unary",
+    "rebatching_queue", "text_file_reader", "unary", "sparse_mask",
 )
 
 for _family in _FAMILIES:

@@ -282,6 +282,11 @@ def RunOperatorOnce(operator: Any) -> bool:
     return current().run_operators_once([_as_op(operator)])
 
 
+def RunOperatorMultiple(operator: Any, num_runs: int) -> bool:
+    """Create ``operator`` once and run it ``num_runs`` times."""
+    return current().run_operator_multiple(_as_op(operator), int(num_runs))
+
+
 def RunOperatorsOnce(operators: Iterable[Any]) -> bool:
     for op in operators:
         RunOperatorOnce(op)

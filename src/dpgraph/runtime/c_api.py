@@ -414,6 +414,10 @@ def run_operator_once(op: Any) -> bool:
     return api.RunOperatorOnce(op)
 
 
+def run_operator_multiple(op: Any, num_runs: int) -> bool:
+    return api.RunOperatorMultiple(op, num_runs)
+
+
 def run_plan(plan: Any) -> bool:
     return api.RunPlan(plan)
 

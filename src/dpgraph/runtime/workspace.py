@@ -348,9 +348,17 @@ class Workspace:
 
     def run_operators_once(self, ops: Iterable[caffe2_pb2.OperatorDef]) -> bool:
         for op in ops:
-            instance = OpInstance(op, 0, "", None, self,
-                                  net_entropy(self.seed, next(self._instantiations), ""))
-            SimpleExecutor([instance]).run(self._blobs, self._placement)
+            self.run_operator_multiple(op, 1)
+        return True
+
+    def run_operator_multiple(self, op: caffe2_pb2.OperatorDef, num_runs: int) -> bool:
+        """Instantiate ``op`` once and run that instance ``num_runs`` times (so state an
+        operator keeps across runs carries over, as in Caffe2)."""
+        instance = OpInstance(op, 0, "", None, self,
+                              net_entropy(self.seed, next(self._instantiations), ""))
+        executor = SimpleExecutor([instance])
+        for _ in range(num_runs):
+            executor.run(self._blobs, self._placement)
         return True
 
     def run_plan(self, plan: Any) -> bool:
