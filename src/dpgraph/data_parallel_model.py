@@ -48,7 +48,7 @@ from dpgraph.parallel.predictor import (
     ExtractPredictorNet,
     GetLearningRateBlobNames,
 )
-from dpgraph.parallel.validate import check_device_scope
+from dpgraph.parallel.validate import check_device_scope, refuse_bmuf_sharding
 from dpgraph.proto import caffe2_pb2 as caffe2_pb2
 
 log = logging.getLogger("data_parallel_model")
@@ -87,6 +87,7 @@ def Parallelize(
     accumulate_steps: int = 1,
     gradient_dtype: str | None = None,
     gradient_error_feedback: bool = False,
+    shard_optimizer_state: bool = False,
 ) -> None:
     """Replicate a model over ``devices`` and add synchronous-SGD gradient all-reduce.
 
@@ -102,7 +103,10 @@ def Parallelize(
     is one micro-batch, gradients accumulate locally and every k-th RunNet synchronises
     them and runs the optimizer once.  ``gradient_dtype`` (dpgraph's): "float16" or
     "bfloat16" casts gradients around the collective, ``gradient_error_feedback`` carries
-    the quantisation error to the next step (see docs/performance.md).
+    the quantisation error to the next step.  ``shard_optimizer_state=True`` (dpgraph's)
+    gives every parameter one owner among hosts x devices: its gradient is reduced onto the
+    owner, only the owner keeps its optimizer state and runs its update, and the updated
+    parameter is sent back to every device (see docs/performance.md).
     """
     check_device_scope()  # first, as in Caffe2 (before devices are resolved)
     config = make_config(
@@ -123,6 +127,7 @@ def Parallelize(
         barrier_net_timeout_sec=barrier_net_timeout_sec,
         gradient_bucket_mb=gradient_bucket_mb, accumulate_steps=accumulate_steps,
         gradient_dtype=gradient_dtype, gradient_error_feedback=gradient_error_feedback,
+        shard_optimizer_state=shard_optimizer_state,
     )
     parallelize(model_helper_obj, config)
 
@@ -182,13 +187,16 @@ def Parallelize_BMUF(
     cpu_device: bool = False,
     barrier_net_timeout_sec: float = _DEFAULT_BARRIER_NET_TIMEOUT_SEC,
     gradient_bucket_mb: float | str | None = None,
+    shard_optimizer_state: bool = False,
 ) -> None:
     """Replicate ``model`` over ``devices`` for blockwise model-update filtering (see
     :mod:`dpgraph.parallel.bmuf`): local updates per device, and a global model update net.
 
     ``block_momentum`` defaults to ``1 - 1/num_devices`` (devices times hosts) and
-    ``master_device`` to the first device.  On any error the model is left unchanged.
+    ``master_device`` to the first device.  On any error the model is left unchanged;
+    ``shard_optimizer_state=True`` is refused (BMUF keeps a full optimizer per device).
     """
+    refuse_bmuf_sharding(shard_optimizer_state)
     config = make_config(
         **_runtime_settings(devices, cpu_device, use_nccl),
         input_builder_fun=input_fn, forward_pass_builder_fun=forward_fn,

@@ -21,7 +21,7 @@ wherever the reduction order per element is the same (local devices; 2 ranks).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -46,6 +46,7 @@ class GradInfo:
     nbytes: int
     dtype: str
     order: int  # index of the op that last writes it in the net
+    group: Any = None  # gradients of different groups (owners) never share a bucket
 
 
 @dataclass
@@ -55,6 +56,7 @@ class Bucket:
     index: int
     dtype: str
     grads: list[GradInfo] = field(default_factory=list)
+    group: Any = None
 
     @property
     def nbytes(self) -> int:
@@ -71,24 +73,27 @@ class Bucket:
 
 
 def assign_buckets(grads: Sequence[GradInfo], bucket_bytes: float) -> list[Bucket]:
-    """Greedy packing in production order; one open bucket per dtype, closed when the next
-    gradient would take it past ``bucket_bytes`` (a larger gradient gets its own bucket).
+    """Greedy packing in production order; one open bucket per dtype (and group), closed
+    when the next gradient would take it past ``bucket_bytes`` (a larger gradient gets its
+    own bucket).
 
     Returns the buckets sorted by the op after which they are ready (then by first grad).
     """
     ordered = sorted(grads, key=lambda g: (g.order, g.name))
-    open_by_dtype: dict[str, list[GradInfo]] = {}
-    closed: list[tuple[str, list[GradInfo]]] = []
+    open_by_kind: dict[tuple[str, Any], list[GradInfo]] = {}
+    closed: list[tuple[tuple[str, Any], list[GradInfo]]] = []
     for grad in ordered:
-        current = open_by_dtype.setdefault(grad.dtype, [])
+        kind = (grad.dtype, grad.group)
+        current = open_by_kind.setdefault(kind, [])
         if current and sum(g.nbytes for g in current) + grad.nbytes > bucket_bytes:
-            closed.append((grad.dtype, current))
-            current = open_by_dtype[grad.dtype] = []
+            closed.append((kind, current))
+            current = open_by_kind[kind] = []
         current.append(grad)
-    closed.extend((dtype, items) for dtype, items in open_by_dtype.items() if items)
+    closed.extend((kind, items) for kind, items in open_by_kind.items() if items)
     closed.sort(key=lambda item: (max(g.order for g in item[1]), item[1][0].order,
                                   item[1][0].name))
-    return [Bucket(index=i, dtype=dtype, grads=items) for i, (dtype, items) in enumerate(closed)]
+    return [Bucket(index=i, dtype=kind[0], grads=items, group=kind[1])
+            for i, (kind, items) in enumerate(closed)]
 
 
 # --- gradient sizes and order from the graph ----------------------------------------------
@@ -195,10 +200,14 @@ def _ordered_items(buckets: Sequence[Bucket], others: Sequence[str], names: Sequ
 
 
 def plan_buckets(state: ParallelState, names: Sequence[str], net: Any,
-                 bucket_mb: float | str) -> tuple[list[Bucket], list[str]]:
+                 bucket_mb: float | str, group_of: Callable[[str], Any] | None = None
+                 ) -> tuple[list[Bucket], list[str]]:
     """The buckets for ``names`` reduced in ``net`` and the names left to the per-blob
-    path."""
+    path; with ``group_of`` (e.g. the owner of a sharded gradient) a bucket holds one
+    group's gradients only."""
     infos, others = gradient_infos(state, names, net)
+    if group_of is not None:
+        infos = [replace(info, group=group_of(info.name)) for info in infos]
     if bucket_mb == "auto":
         from dpgraph.parallel.plan.planner import auto_bucket_bytes
 
@@ -209,15 +218,18 @@ def plan_buckets(state: ParallelState, names: Sequence[str], net: Any,
 
 
 def reduce_in_buckets(state: ParallelState, names: Sequence[str], net: Any,
-                      reduce: Reducer, bucket_mb: float | str, copy: bool = False) -> list[Bucket]:
+                      reduce: Reducer, bucket_mb: float | str, copy: bool = False,
+                      group_of: Callable[[str], Any] | None = None) -> list[Bucket]:
     """Pack, reduce (with ``reduce``, the per-blob reducer of this configuration) and unpack.
 
     ``reduce`` is called once, with the bucket names and the per-blob names in the order they
-    become ready, so collectives keep one concurrency context.  Returns the buckets.
+    become ready, so collectives keep one concurrency context.  With ``group_of``, buckets
+    hold one group's gradients and ``state.reduce_groups`` names each bucket's group while
+    ``reduce`` runs.  Returns the buckets.
     """
     if len(state.devices) == 1 and not state.config.is_multi_host:
         return []
-    buckets, others = plan_buckets(state, names, net, bucket_mb)
+    buckets, others = plan_buckets(state, names, net, bucket_mb, group_of)
     writers = _last_writers(net.Proto())
     order = _ordered_items(buckets, others, names, writers, state)
     placed: list[str] = []
@@ -226,12 +238,15 @@ def reduce_in_buckets(state: ParallelState, names: Sequence[str], net: Any,
             placed += _register_bucket(state, bucket)
         for bucket in buckets:
             _emit_pack(state, net, bucket)
+            if group_of is not None:
+                state.reduce_groups[bucket.name] = bucket.group
         reduce(state, order, net)
         for bucket in buckets:
             _emit_unpack(state, net, bucket, copy)
     finally:  # the buckets are not Caffe2 blobs: keep them out of the published groups
         for bucket in buckets:
             state.grouped.pop(bucket.name, None)
+            state.reduce_groups.pop(bucket.name, None)
         for blob in placed:
             state.blob_to_device.pop(blob, None)
     state.model_attrs["_gradient_buckets"] = [[g.name for g in b.grads] for b in buckets]

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dpgraph.collectives.rendezvous import Rendezvous, as_rendezvous
-from dpgraph.errors import ParallelizeError
+from dpgraph.errors import NotSupportedError, ParallelizeError
 from dpgraph.ir.device import CPU, CUDA, IDEEP
 
 #: Caffe2's ``_DEFAULT_TIMEOUT_SEC``: common worlds (collective contexts) time out after this.
@@ -60,6 +60,8 @@ class ParallelConfig:
     gradient_dtype: str | None = None
     #: carry each device's quantisation error into its next gradient (with gradient_dtype)
     gradient_error_feedback: bool = False
+    #: partition the optimizer state over hosts x devices (ZeRO-1); False: Caffe2's graph
+    shard_optimizer_state: bool = False
     # values the facade resolves from the runtime when Parallelize is called
     timeout_sec: float = DEFAULT_TIMEOUT_SEC
     peer_access: tuple[tuple[bool, ...], ...] | None = None
@@ -181,6 +183,7 @@ def check_supported(config: ParallelConfig) -> None:
     check_bucket_mb(config.gradient_bucket_mb)
     check_accumulation(config)
     check_compression(config)
+    check_sharding(config)
 
 
 def check_bucket_mb(value: Any) -> None:
@@ -228,3 +231,30 @@ def check_compression(config: ParallelConfig) -> None:
         raise ParallelizeError(
             "gradient_error_feedback=True needs gradient_dtype='float16' or 'bfloat16' (there "
             "is no quantisation error to carry with float32 gradients).")
+
+
+def check_sharding(config: ParallelConfig) -> None:
+    """``shard_optimizer_state``: a bool; not with a shared model or a non-GLOO engine
+    across hosts."""
+    flag = config.shard_optimizer_state
+    if not isinstance(flag, bool):
+        raise ParallelizeError(
+            f"shard_optimizer_state must be a bool (True: each rank keeps the optimizer state "
+            f"of its share of the parameters), got {flag!r}.")
+    if not flag:
+        return
+    if config.shared_model:
+        raise NotSupportedError(
+            "shard_optimizer_state=True cannot be combined with shared_model=True (a shared "
+            "model keeps one copy of every parameter on the first device already); drop one "
+            "of them.")
+    if not config.has_parameter_updates:
+        raise ParallelizeError(
+            "shard_optimizer_state=True needs a training model (optimizer_builder_fun or "
+            "param_update_builder_fun).")
+    rendezvous = config.rendezvous
+    if config.is_multi_host and rendezvous is not None and rendezvous.engine.upper() != "GLOO":
+        raise NotSupportedError(
+            f"shard_optimizer_state=True across hosts needs engine='GLOO' (its Reduce and "
+            f"Broadcast with a root rank span local devices and hosts); the rendezvous uses "
+            f"engine={rendezvous.engine!r}. Use GLOO or shard_optimizer_state=False.")

@@ -17,8 +17,9 @@ from dpgraph.parallel._emit import walk_ops
 from dpgraph.parallel.config import DEFAULT_BARRIER_NET_TIMEOUT_SEC, ParallelConfig
 from dpgraph.parallel.grouping import compute_blobs_to_sync, stripBlobName
 from dpgraph.parallel.multihost import is_distributed
+from dpgraph.parallel.shard_checkpoint import gather_state, release_gathered, reshard_state
 from dpgraph.parallel.state import ParallelState
-from dpgraph.parallel.sync import sync_params
+from dpgraph.parallel.sync import blobs_to_sync, sync_params
 from dpgraph.runtime import api as runtime
 
 log = logging.getLogger("dpgraph.parallel")
@@ -49,6 +50,7 @@ def state_of(model: Any, what: str = "This helper") -> ParallelState:
     state.param_names = list(getattr(model, "_param_names", []))
     state.blob_to_device = getattr(model, "_blob_to_device", {})
     state.broadcast_context = getattr(model, "_broadcast_context", None)
+    state.shard_plan = getattr(model, "_shard_plan", None)
     return state
 
 
@@ -77,8 +79,10 @@ def RunWarmup(model: Any) -> None:
 
 
 def RunNet(model: Any, num_iterations: int) -> None:
-    """Run each net: a plain net ``num_iterations`` times, a ``(net, k)`` pair k times."""
+    """Run each net: a plain net ``num_iterations`` times, a ``(net, k)`` pair k times
+    (first dropping optimizer state a checkpoint gathered onto the master device)."""
     _require_parallelized(model, "RunNet", "_data_parallel_model_nets")
+    release_gathered(model)
     for entry in model._data_parallel_model_nets:
         if isinstance(entry, tuple):
             runtime.RunNet(entry[0].Proto().name, entry[1])
@@ -96,11 +100,16 @@ def CreateNet(model: Any, overwrite: bool = False) -> None:
 
 def GetCheckpointParams(model: Any) -> set[Any]:
     """The first device's synced blobs plus every unprefixed Iter/AtomicIter output (and
-    the micro-batch counter of ``accumulate_steps``), subnets included."""
+    the micro-batch counter of ``accumulate_steps``), subnets included.
+
+    With ``shard_optimizer_state`` also every optimizer-state blob under the first device's
+    name, gathered there from its owner (across hosts: call it on every rank); the next
+    ``RunNet`` drops the gathered copies again."""
     state = state_of(model, "GetCheckpointParams")
     blobs, _ = compute_blobs_to_sync(state)
     first = f"{state.namescope(state.master)}/"
     result: set[Any] = {b for b in blobs if str(b).startswith(first)}
+    result.update(gather_state(model))
     prefix = f"{model._device_prefix}_"
     for op in walk_ops(model.net.Proto()):
         if op.type in ("Iter", "AtomicIter", "GradientAccumulationStep") and \
@@ -119,13 +128,16 @@ def _ensure_grouped(model: Any, names: Iterable[str]) -> None:
 
 def FinalizeAfterCheckpoint(model: Any, blobs: Sequence[Any] | None = None,
                             cpu_mode: bool = False) -> None:
-    """Broadcast the master device's (checkpoint-loaded) blobs to every device."""
+    """Broadcast the master device's (checkpoint-loaded) blobs to every device; with
+    ``shard_optimizer_state``, copy each optimizer-state blob to its owner instead (see
+    :mod:`dpgraph.parallel.shard_checkpoint`)."""
     if not hasattr(model, "_checkpoint_net"):
         state = state_of(model)
+        sharded = set(state.shard_plan.state) if state.shard_plan is not None else set()
         if blobs is None:
-            _, names = compute_blobs_to_sync(state)
+            _, names = blobs_to_sync(state)
         else:
-            names = [stripBlobName(b) for b in blobs]
+            names = [n for n in (stripBlobName(b) for b in blobs) if n not in sharded]
         _ensure_grouped(model, names)
         model._checkpoint_net = Net("checkpoint_sync_net")
         if not cpu_mode and IsGPUDeviceType(model._device_type):
@@ -139,6 +151,7 @@ def FinalizeAfterCheckpoint(model: Any, blobs: Sequence[Any] | None = None,
         runtime.CreateNet(model._checkpoint_net)
     log.info("Run checkpoint net")
     runtime.RunNet(model._checkpoint_net.Proto().name)
+    reshard_state(model)
 
 
 def AddBlobSync(model: Any, blobs: Sequence[Any], net: Any = None) -> None:

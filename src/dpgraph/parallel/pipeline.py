@@ -6,7 +6,9 @@ pre-gradient transformer; loss gradients and backward pass; the net transformer;
 (forward-only models stop here); combine SpatialBN; group gradients; broadcast computed
 params; all-reduce gradients (reverse param order, or in buckets with
 ``gradient_bucket_mb``; cast around the collective with ``gradient_dtype``); shared-model
-pruning; updates; blobs to sync; device checks; initial sync; post-sync builder; gradient
+pruning; updates (with ``shard_optimizer_state``: owners assigned before the reduction,
+gradients reduced onto their owner, update ops kept on the owner, params sent back); blobs
+to sync; device checks; initial sync; post-sync builder; gradient
 accumulation (``accumulate_steps``: the sync phase moves into an If); memory passes;
 lifecycle nets; barrier; shared-model remapping.  On any error the model is restored
 exactly as it was.
@@ -27,6 +29,8 @@ from dpgraph.parallel.buckets import Reducer, reduce_in_buckets
 from dpgraph.parallel.compress import compressing
 from dpgraph.parallel.config import ParallelConfig
 from dpgraph.parallel.passes import Pass, parallel_pass, run_passes
+from dpgraph.parallel.shard import assign_shards, mark_updates, shard_updates
+from dpgraph.parallel.shard_reduce import reducing_to_owners
 from dpgraph.parallel.spatial_bn import combine_spatial_bn
 from dpgraph.parallel.state import ParallelState, start_attributes
 
@@ -116,12 +120,25 @@ def _broadcast_computed_params(state: ParallelState) -> None:
 
 def gradient_reducer(state: ParallelState) -> Reducer:
     """The per-blob reducer of this configuration: across hosts, or on this host; with
-    ``gradient_dtype``, compressed around the collective."""
-    reducer = multihost.allreduce if state.config.is_multi_host else allreduce_single_host
+    ``shard_optimizer_state``, onto each gradient's owner; with ``gradient_dtype``,
+    compressed around the collective."""
+    reducer: Reducer = (multihost.allreduce if state.config.is_multi_host
+                        else allreduce_single_host)
+    if state.config.shard_optimizer_state:
+        reducer = reducing_to_owners(reducer)
     return reducer if state.config.gradient_dtype is None else compressing(reducer)
 
 
-@parallel_pass(reads=("grouped", "grad_names", "blob_to_device", "config"),
+def _owner_group(state: ParallelState) -> Any:
+    """With ``shard_optimizer_state``: a gradient's owner, so buckets hold one owner's
+    gradients (None otherwise)."""
+    plan = state.shard_plan
+    if plan is None:
+        return None
+    return lambda name: plan.owner[plan.grads[name]] if name in plan.grads else None
+
+
+@parallel_pass(reads=("grouped", "grad_names", "blob_to_device", "config", "shard_plan"),
                writes=("net", "param_init_net"),
                enabled=lambda config: config.gradient_bucket_mb is None)
 def _reduce_gradients(state: ParallelState) -> None:
@@ -135,7 +152,7 @@ def _reduce_gradients(state: ParallelState) -> None:
 
 
 @parallel_pass(reads=("grouped", "grad_names", "blob_to_device", "config", "net",
-                      "param_init_net", "model"),
+                      "param_init_net", "model", "shard_plan"),
                writes=("net", "param_init_net", "model_attrs"),
                enabled=lambda config: config.gradient_bucket_mb is not None)
 def _reduce_gradients_in_buckets(state: ParallelState) -> None:
@@ -148,7 +165,7 @@ def _reduce_gradients_in_buckets(state: ParallelState) -> None:
     assert state.config.gradient_bucket_mb is not None
     names = list(reversed(state.grad_names))
     reduce_in_buckets(state, names, state.model.net, gradient_reducer(state),
-                      state.config.gradient_bucket_mb)
+                      state.config.gradient_bucket_mb, group_of=_owner_group(state))
 
 
 @parallel_pass(reads=("model",), writes=("model", "all_params_before_prune"),
@@ -225,8 +242,9 @@ FORWARD_ONLY_PASSES: tuple[Pass, ...] = (_infer_devices, _lifecycle_nets)
 #: Then, for a training model.
 TRAINING_PASSES: tuple[Pass, ...] = (
     _combine_spatial_bn, _group_gradients, _infer_devices, mark_sync_phase,
-    _broadcast_computed_params, _reduce_gradients, _reduce_gradients_in_buckets,
-    _prune_shared, _add_updates, sync.register_blobs_to_sync, _infer_devices,
+    _broadcast_computed_params, assign_shards, _reduce_gradients,
+    _reduce_gradients_in_buckets, _prune_shared, mark_updates, _add_updates, shard_updates,
+    sync.register_blobs_to_sync, _infer_devices,
     _check_operators, sync.add_initial_sync, _post_sync, accumulate_gradients,
     _optimize_gradient_memory, _dynamic_memory_management,
     _lifecycle_nets, _barrier, gate_barrier, _remap_shared,

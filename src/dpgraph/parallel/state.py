@@ -42,6 +42,12 @@ class ParallelState:
     broadcast_context: Any = None
     #: accumulate_steps > 1: index of the first main-net op of the synchronisation phase
     accumulate_split: int | None = None
+    #: shard_optimizer_state: the owner of each parameter (a shard.ShardPlan)
+    shard_plan: Any = None
+    #: shard_optimizer_state: (net ops, init ops) before the update builders ran
+    update_split: tuple[int, int] | None = None
+    #: while a reducer runs: the group (owner rank) of each bucket name it reduces
+    reduce_groups: dict[str, Any] = field(default_factory=dict)
     #: further model attributes to publish (``model.<name> = value``), in order
     model_attrs: dict[str, Any] = field(default_factory=dict)
 
@@ -106,6 +112,8 @@ def publish(state: ParallelState) -> None:
         model._broadcast_context = state.broadcast_context
     if state.optimizer is not None:
         model._optimizer = state.optimizer
+    if state.shard_plan is not None:
+        model._shard_plan = state.shard_plan
     if state.finished:
         model._data_parallel_model_init_nets = list(state.init_nets)
         model._data_parallel_model_nets = list(state.nets)

@@ -17,7 +17,7 @@ from typing import Any
 
 from dpgraph.parallel import multihost
 from dpgraph.parallel.allreduce import broadcast
-from dpgraph.parallel.grouping import compute_blobs_to_sync, group_by_device
+from dpgraph.parallel.grouping import compute_blobs_to_sync, group_by_device, stripBlobName
 from dpgraph.parallel.passes import parallel_pass
 from dpgraph.parallel.state import ParallelState
 
@@ -36,10 +36,21 @@ def sync_params(state: ParallelState, init_net: Any, net: Any, names: Iterable[s
         broadcast(state, net, name)
 
 
-@parallel_pass(reads=("param_init_net", "param_names"), writes=("grouped", "sync_names"))
+def blobs_to_sync(state: ParallelState) -> tuple[list[Any], list[str]]:
+    """``compute_blobs_to_sync`` without sharded optimizer state (only its owner has it)."""
+    blobs, names = compute_blobs_to_sync(state)
+    plan = getattr(state, "shard_plan", None)
+    if plan is None or not plan.state:
+        return blobs, names
+    return ([b for b in blobs if stripBlobName(b) not in plan.state],
+            [n for n in names if n not in plan.state])
+
+
+@parallel_pass(reads=("param_init_net", "param_names", "shard_plan"),
+               writes=("grouped", "sync_names"))
 def register_blobs_to_sync(state: ParallelState) -> None:
     """Group the blobs to sync by device and remember their names."""
-    blobs, names = compute_blobs_to_sync(state)
+    blobs, names = blobs_to_sync(state)
     state.grouped.update(group_by_device(state, blobs, []))
     state.sync_names = names
 

@@ -6,7 +6,7 @@ import logging
 import os
 from typing import Any
 
-from dpgraph.errors import MissingGpuError, ParallelizeError
+from dpgraph.errors import MissingGpuError, NotSupportedError, ParallelizeError
 from dpgraph.ir import scope
 from dpgraph.ir.device import IsGPUDeviceType, device_name
 from dpgraph.parallel.config import ParallelConfig, check_supported
@@ -67,3 +67,13 @@ def _warn_gpus(config: ParallelConfig) -> None:
         "use Parallelize_CPU / cpu_device=True, enable virtual GPUs with "
         "workspace.SetVirtualGpus(n), or set DPGRAPH_ALLOW_MISSING_GPUS=1 to only log a "
         "warning as Caffe2 did.")
+
+
+def refuse_bmuf_sharding(shard_optimizer_state: bool) -> None:
+    """BMUF keeps a full model and optimizer per device by design: no sharded state."""
+    if shard_optimizer_state:
+        raise NotSupportedError(
+            "Parallelize_BMUF cannot shard the optimizer state (BMUF runs a full local "
+            "optimizer on every device between block updates); use "
+            "Parallelize(..., shard_optimizer_state=True) for synchronous SGD, or drop "
+            "shard_optimizer_state.")
