@@ -15,7 +15,15 @@ buffers per device); ``dynamic_memory_management`` (Parallelize flag: Free after
 input_shapes, [], recycle_activations=True)``: gradients and activations share buffers).
 ``reduction`` is ``1 - peak / baseline_peak``.
 
-Run: ``python bench/memory.py [--batch 32] [--devices 2] [--image 224]``.
+``optimizer_state``: ResNet-50 with Adam (``optimizer.build_adam``) parallelized over 1, 2,
+4 and 8 ranks (CPU devices) with ``shard_optimizer_state=True``; per rank, the bytes of the
+optimizer-state blobs its param init net creates (Adam's two moments; shapes from
+``workspace.InferShapesAndTypes``), against the unsharded graph, where every rank holds the
+full state.  ``ratio_to_ideal`` is ``max per-rank bytes / (unsharded bytes / N)``; the
+target is at most 1.05.
+
+Run: ``python bench/memory.py [--batch 32] [--devices 2] [--image 224]
+[--section all|activations|optimizer_state] [--ranks 1 2 4 8]``.
 """
 
 from __future__ import annotations
@@ -29,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from dpgraph import brew, data_parallel_model, model_helper, workspace
+from dpgraph import brew, data_parallel_model, model_helper, optimizer, workspace
 from dpgraph.memory import liveness
 from dpgraph.memory.dpm import OptimizeGradientMemory
 from dpgraph.proto import caffe2_pb2
@@ -115,13 +123,66 @@ def measure(baseline: Any, model: Any, sizes: dict[str, int]) -> dict[str, Any]:
             "free_ops": sum(op.type == "Free" for op in proto.op)}
 
 
+def _state_bytes_per_rank(ranks: int, shard: bool) -> tuple[list[int], int]:
+    """Optimizer-state bytes each device's param init net creates (Adam), and the params'
+    bytes of one device."""
+    model = model_helper.ModelHelper(name="resnet50_adam")
+    data_parallel_model.Parallelize(
+        model, lambda m: None, resnet50, devices=range(ranks), cpu_device=True,
+        optimizer_builder_fun=lambda m: optimizer.build_adam(m, 0.01),
+        shard_optimizer_state=shard)
+    shapes, dtypes = workspace.InferShapesAndTypes([model.param_init_net])
+    params = {str(p) for p in model.GetParams()}
+    per_rank = [0] * ranks
+    param_bytes = 0
+    for name, shape in shapes.items():
+        head, _, stripped = name.partition("/")
+        if not head.startswith("cpu_") or not stripped:
+            continue
+        nbytes = math.prod(shape) * DATA_TYPE_TO_NUMPY[dtypes[name]].itemsize
+        if name in params:
+            param_bytes += nbytes if head == "cpu_0" else 0
+        elif stripped.endswith(("_first_moment", "_second_moment")):
+            per_rank[int(head[4:])] += nbytes
+    return per_rank, param_bytes
+
+
+def optimizer_state(ranks_list: list[int]) -> dict[str, Any]:
+    """Adam state bytes per rank, sharded over each rank count, against unsharded."""
+    unsharded, param_bytes = _state_bytes_per_rank(2, False)
+    full = unsharded[0]
+    rows = {}
+    for ranks in ranks_list:
+        per_rank, _ = _state_bytes_per_rank(ranks, True)
+        ideal = full / ranks
+        rows[str(ranks)] = {
+            "per_rank_bytes": per_rank, "max_mib": round(max(per_rank) / 2**20, 2),
+            "total_bytes": sum(per_rank),
+            "ratio_to_ideal": round(max(per_rank) / ideal, 4),
+        }
+    return {
+        "optimizer": "adam", "param_bytes": param_bytes,
+        "unsharded_per_rank_bytes": unsharded, "unsharded_mib": round(full / 2**20, 2),
+        "sharded": rows, "target_ratio": 1.05,
+        "target_met": all(r["ratio_to_ideal"] <= 1.05 for r in rows.values()),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--devices", type=int, default=2)
     parser.add_argument("--image", type=int, default=224)
+    parser.add_argument("--section", default="all",
+                        choices=("all", "activations", "optimizer_state"))
+    parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4, 8])
     args = parser.parse_args()
     start = time.perf_counter()
+    if args.section == "optimizer_state":
+        print(json.dumps({"benchmark": "memory", "model": "resnet50",
+                          "optimizer_state": optimizer_state(args.ranks),
+                          "seconds": round(time.perf_counter() - start, 1)}, indent=1))
+        return
     baseline = build(args.devices)
     sizes = blob_bytes(baseline, args.devices, args.batch, args.image)
     input_shapes = {"data": [args.batch, 3, args.image, args.image], "label": [args.batch]}
@@ -139,6 +200,8 @@ def main() -> None:
         result["reduction"] = round(1.0 - result["peak_bytes"] / base_peak, 4)
     ops = len(baseline.net.Proto().op)
     unknown = sum(1 for op in baseline.net.Proto().op for b in op.output if b not in sizes)
+    extra = {} if args.section == "activations" else {
+        "optimizer_state": optimizer_state(args.ranks)}
     print(json.dumps({
         "benchmark": "memory", "model": "resnet50", "devices": args.devices,
         "batch_per_device": args.batch, "image": args.image, "ops": ops,
@@ -146,6 +209,7 @@ def main() -> None:
         "target_reduction": 0.4,
         "target_met": results["optimize_gradient_memory+recycle_activations"]["reduction"]
         >= 0.4,
+        **extra,
         "seconds": round(time.perf_counter() - start, 1),
         "numpy": np.__version__,
     }, indent=1))

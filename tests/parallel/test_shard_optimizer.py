@@ -38,6 +38,8 @@ def _optimizer(kind: str) -> Callable[[Any], Any]:
         if kind == "weight_decay":
             optimizer.add_weight_decay(model, 1e-2)
             return optimizer.build_sgd(model, 0.1, momentum=0.9, nesterov=True)
+        if kind == "lars":  # one lr temporary reused for every param
+            return optimizer.build_sgd(model, 0.1, momentum=0.9, lars=0.5)
         if kind == "clip":
             return optimizer.build_sgd(model, 0.1, max_gradient_norm=1.0)
         raise ValueError(kind)
@@ -104,7 +106,7 @@ def test_equal_to_unsharded_run(devices: list[int], gpu: bool, update: str) -> N
     assert_equal_runs(ref, got, bitwise=True)
 
 
-@pytest.mark.parametrize("update", ["adagrad", "rmsprop", "weight_decay", "manual"])
+@pytest.mark.parametrize("update", ["adagrad", "rmsprop", "weight_decay", "lars", "manual"])
 def test_other_updates_equal_to_unsharded(update: str) -> None:
     _, ref = run([0, 1, 2], update, shard=False, iters=4)
     _, got = run([0, 1, 2], update, shard=True, iters=4)
@@ -341,6 +343,8 @@ def test_update_writing_a_shared_blob_is_refused() -> None:
 
 @pytest.mark.parametrize("kwargs,error,match", [
     ({"shared_model": True}, NotSupportedError, "shared_model"),
+    ({"rendezvous": {"kv_handler": "store", "shard_id": 0, "num_shards": 2,
+                     "engine": "NCCL"}}, NotSupportedError, "needs engine='GLOO'"),
     ({"shard_optimizer_state": 1}, ParallelizeError, "must be a bool"),
 ])
 def test_bad_combinations_refused(kwargs: dict[str, Any], error: type[Exception],

@@ -178,12 +178,15 @@ def _describe(op: caffe2_pb2.OperatorDef) -> str:
 
 
 def classify(ops: Sequence[caffe2_pb2.OperatorDef], keys: dict[str, Key],
-             shared: set[str]) -> list[Key | None]:
-    """The parameter copy each op belongs to (None: shared by all); extends ``keys`` with
-    the blobs the ops derive from a copy and ``shared`` with the other outputs."""
+             shared: set[str], seeds: Mapping[str, Key]) -> list[Key | None]:
+    """The parameter copy each op belongs to (None: shared by all): the copy whose blobs it
+    reads, or whose param or gradient it writes.  Extends ``keys`` with the blobs the ops
+    derive from a copy (a blob written again takes the new writer's copy, e.g. an lr
+    temporary reused for every param) and ``shared`` with the other outputs."""
     result: list[Key | None] = []
     for op in ops:
-        touched = {keys[b] for b in (*op.input, *op.output) if b in keys}
+        touched = ({keys[b] for b in op.input if b in keys}
+                   | {seeds[b] for b in op.output if b in seeds})
         if len(touched) > 1:
             names = sorted(f"{p} on device {d}" for p, d in touched)
             raise ParallelizeError(
@@ -194,6 +197,8 @@ def classify(ops: Sequence[caffe2_pb2.OperatorDef], keys: dict[str, Key],
         key = next(iter(touched), None)
         if key is None:
             shared.update(op.output)
+            for blob in op.output:
+                keys.pop(blob, None)
         else:
             clash = [b for b in op.output if b in shared]
             if clash:
@@ -254,8 +259,8 @@ def shard_updates(state: ParallelState) -> None:
     shared: set[str] = set()
     init_ops = list(state.model.param_init_net.Proto().op[init_start:])
     net_ops = list(state.model.net.Proto().op[net_start:])
-    init_keys = classify(init_ops, keys, shared)
-    net_keys = classify(net_ops, keys, shared)
+    init_keys = classify(init_ops, keys, shared, seeds)
+    net_keys = classify(net_ops, keys, shared, seeds)
     _replace_ops(state.model.param_init_net, init_start,
                  [op for op, key in zip(init_ops, init_keys) if _keep(plan, key)])
     _replace_ops(state.model.net, net_start,
