@@ -4,6 +4,13 @@ The DAG executor runs an op as soon as the previous writers of its inputs, the p
 writers and readers of its outputs and the writers of its ``control_input`` blobs are done;
 ops with side effects also keep their relative order.  Every op reads exactly the values it
 would read in order, so both executors give bitwise the same results.
+
+Scheduling costs little on the critical path: the calling thread runs the first root's
+chain itself (no hand-off, and its arrays come from the main allocator arena, not a worker
+thread's, which would map fresh pages every step); a thread that finishes an op continues
+with one ready child, and with no counting or locking when it is that child's only parent
+and the child its only one (precomputed once per net); only the other ready children are
+queued to the worker threads, which live as long as the net.
 """
 
 from __future__ import annotations
@@ -152,6 +159,10 @@ class DagExecutor:
             for i in sorted(parents):
                 self.children[i].append(j)
         self.roots = [j for j, d in enumerate(self.indegree) if d == 0]
+        #: ``solo[i]``: op i's only child when op i is also that child's only parent (the
+        #: child is ready as soon as op i is done), else -1.
+        self.solo = [kids[0] if len(kids) == 1 and self.indegree[kids[0]] == 1 else -1
+                     for kids in self.children]
         self._pool: _WorkerPool | None = None
         self._pool_lock = threading.Lock()
 
@@ -168,16 +179,22 @@ class DagExecutor:
         pool = self._get_pool()
         state = _RunState(list(self.indegree), blobs, placement)
         state.in_flight = len(self.roots)
-        for j in self.roots:
+        for j in self.roots[1:]:
             pool.tasks.put((self._run_chain, state, j, pool))
+        self._run_chain(state, self.roots[0], pool)
         state.done.wait()
         if state.errors:
             raise min(state.errors, key=lambda e: e[0])[1]
 
     def _run_chain(self, state: _RunState, index: int | None, pool: _WorkerPool) -> None:
-        """Run ``index``, then keep running one newly ready child in this thread."""
+        """Run ``index``, then keep running one newly ready child in this thread (the
+        lowest-numbered, so the calling thread follows the net's main line)."""
+        solo = self.solo
         while index is not None:
             failed = self._run_op(state, index)
+            if solo[index] >= 0 and not failed and not state.errors:
+                index = solo[index]  # ready now and nobody else counts it: no lock
+                continue
             with state.lock:
                 state.in_flight -= 1
                 following = (None if failed or state.errors

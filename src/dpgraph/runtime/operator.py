@@ -8,6 +8,7 @@ they are stored only after the kernel succeeded, so a failing op never half-writ
 
 from __future__ import annotations
 
+import sys
 import zlib
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -44,18 +45,51 @@ OUTPUT_PLACEMENT = "output_placement"  # same key as dpgraph.ops.device_copy.OUT
 _ndarray = np.ndarray
 
 
+#: References to a blob's array while :meth:`RuntimeOpContext.reusable_output` looks at it
+#: when nothing else holds it: the blob table, the local name and ``getrefcount``'s argument.
+_SOLE_REFERENCES = 3
+
+
 class RuntimeOpContext(OpContext):
-    """OpContext whose unseeded random generator is derived from a per-op seed.
+    """OpContext whose unseeded random generator is derived from a per-op seed, and which
+    lets kernels write into the arrays their output blobs hold from the previous run.
 
     Each op gets its own stream (workspace seed, net instantiation, op index), so the
     simple and the DAG executors draw the same numbers whatever order ops run in.
     """
 
-    __slots__ = ("_entropy",)
+    __slots__ = ("_entropy", "_blobs", "_reusable")
 
     def __init__(self, *args: Any, entropy: Sequence[int] = (), **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._entropy = list(entropy)
+        self._blobs: Blobs | None = None
+        inputs, outputs = set(self.op.input), list(self.op.output)
+        #: Output names whose old array may be overwritten: not read by this op and not
+        #: written twice by it (None where either holds).
+        self._reusable = tuple(None if n in inputs or outputs.count(n) > 1 else n
+                               for n in outputs)
+
+    def reusable_output(self, index: int, shape: tuple[int, ...], dtype: Any
+                        ) -> np.ndarray | None:
+        """The array output ``index``'s blob holds from an earlier run, for the kernel to
+        write this run's value into (as Caffe2 reuses an output tensor's memory), or None.
+
+        Only a C-contiguous, writable numpy array that owns its memory, has ``shape`` and
+        ``dtype`` and is referenced by nothing but the blob table qualifies: not an input
+        of this op, not another blob, not the base of a view, not held by user code (fetched
+        blobs are copies).  A kernel asks only after all its checks passed, so a failing op
+        still leaves its outputs untouched.
+        """
+        name = self._reusable[index] if index < len(self._reusable) else None
+        if name is None or self._blobs is None:
+            return None
+        value = self._blobs.get(name)
+        if type(value) is not _ndarray or value.shape != shape or value.dtype != dtype or \
+                value.base is not None or not value.flags.c_contiguous or \
+                not value.flags.writeable or sys.getrefcount(value) > _SOLE_REFERENCES:
+            return None
+        return value
 
     @property
     def rng(self) -> np.random.Generator:
@@ -172,6 +206,7 @@ class OpInstance:
             values = _host_inputs_to_device(values, key)
         ctx = self.ctx
         ctx.inputs = values
+        ctx._blobs = blobs
         try:
             if self.real_gpu:
                 with devices.device_context(key):
