@@ -20,8 +20,10 @@ def optimizer_fun(update: str) -> Any:
     return lambda m: optimizer.build_adam(m, 0.01)
 
 
-def train(cfg: dict[str, Any], update: str, shard: bool, bucket_mb: Any = None) -> Any:
-    """This rank's model after ``iters`` iterations (a one-process run without a store)."""
+def train(cfg: dict[str, Any], update: str, shard: bool, bucket_mb: Any = None,
+          start: int = 0) -> Any:
+    """This rank's model after ``iters`` iterations from ``start`` (a one-process run
+    without a store; ``cfg["resume"]``: load that checkpoint first)."""
     workspace.ResetWorkspace()
     rdv = mh.rendezvous(cfg)
     if rdv is not None:
@@ -33,7 +35,7 @@ def train(cfg: dict[str, Any], update: str, shard: bool, bucket_mb: Any = None) 
         optimizer_builder_fun=optimizer_fun(update), shard_optimizer_state=shard,
         gradient_bucket_mb=bucket_mb)
     mh.initialize(model, cfg)
-    for iteration in range(cfg["iters"]):
+    for iteration in range(start, start + cfg["iters"]):
         mh.feed(model, cfg, iteration)
         data_parallel_model.RunNet(model, 1)
     return model
@@ -68,6 +70,12 @@ def scenario_shard(cfg: dict[str, Any]) -> dict[str, Any]:
         data_parallel_model.RunNet(model, 1)  # releases the gathered copies
         entry["held_after"] = sorted(b for b in workspace.Blobs()
                                      if b.split("/", 1)[-1] in model._shard_plan.state)
+        # a fresh process's view: load this rank's file (re-sharded), train 2 more steps
+        resumed = train({**cfg, "resume": path, "iters": 2}, update, True,
+                        cfg.get("bucket_mb"), start=cfg["iters"])
+        entry["resumed"] = {k: v.tolist() for k, v in mh._params(resumed, 0).items()}
+        entry["held_resumed"] = sorted(b for b in workspace.Blobs()
+                                       if b.split("/", 1)[-1] in resumed._shard_plan.state)
         result[update] = entry
     return result
 

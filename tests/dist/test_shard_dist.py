@@ -3,7 +3,8 @@
 Parameters equal the unsharded one-process run over 4 devices (to 1e-6: the cross-host
 ``Reduce`` adds the hosts' sums in another order than one process's ``Sum``); each rank
 holds only the optimizer state of the parameters its devices own; a checkpoint gathered on
-every rank holds the complete state, equal to the unsharded master's.
+every rank holds the complete state, equal to the unsharded master's; loading it on every
+rank re-shards it, and 2 more steps equal 12 uninterrupted unsharded steps.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ def test_two_processes_of_two_devices(file_store: dict[str, Any], bucket_mb: Any
     results = launch(file_store, bucket_mb=bucket_mb)
     for update in UPDATES:
         ref = sw.reference([0, 1, 2, 3], update, ITERS)
+        longer = sw.reference([0, 1, 2, 3], update, ITERS + 2)["params"]
         got = [r[update] for r in results]
         assert got[0]["owner"] == got[1]["owner"]  # one plan on every rank
         for rank, entry in enumerate(got):
@@ -49,6 +51,9 @@ def test_two_processes_of_two_devices(file_store: dict[str, Any], bucket_mb: Any
             expected = sorted(f"cpu_{r % 2}/{s}" for s, p in entry["state"].items()
                               if (r := entry["owner"][p]) // 2 == rank)
             assert entry["held"] == expected == entry["held_after"], (update, rank)
+            assert entry["held_resumed"] == expected, (update, rank)
+            for name, value in entry["resumed"].items():
+                assert sw.close(value, longer[name]), (update, rank, "resumed", name)
             assert entry["allreduces"] == 0 and entry["reduces"] >= 1
             # the gathered checkpoint: complete, equal to the unsharded master's state
             for name, value in entry["checkpoint"].items():

@@ -263,41 +263,42 @@ def test_checkpoint_params_are_complete_and_device_count_independent() -> None:
 
 
 def _checkpoint_run(devices: Sequence[int], path: str | None, load: str | None,
-                    iters: int, first_step: int = 0) -> dict[str, dict[str, np.ndarray]]:
+                    iters: int, first_step: int = 0, gpu: bool = False
+                    ) -> dict[str, dict[str, np.ndarray]]:
     from dpgraph.checkpoint import load_model_checkpoint, read_checkpoint, save_model_checkpoint
 
-    model = build(devices, "adam")
-    feed_batch(model, devices, False)
+    model = build(devices, "adam", gpu)
+    feed_batch(model, devices, gpu)
     data_parallel_model.RunInitNet(model)
-    _set_params(model, devices, False)
+    _set_params(model, devices, gpu)
     if load is not None:
         load_model_checkpoint(model, load)
         saved = read_checkpoint(load)
         plan = model._shard_plan
         for name, param in plan.state.items():  # each owner holds the saved state
             owner = plan.blob(plan.device_of(plan.owner[param]), name)
-            np.testing.assert_array_equal(workspace.FetchBlob(owner), saved[f"cpu_0/{name}"])
-            assert saved[f"cpu_0/{name}"].any(), name
+            master = f"{model._device_prefix}_0/{name}"
+            np.testing.assert_array_equal(workspace.FetchBlob(owner), saved[master])
+            assert saved[master].any(), name
     for step in range(first_step, first_step + iters):
-        feed_batch(model, devices, False, seed=step)
+        feed_batch(model, devices, gpu, seed=step)
         data_parallel_model.RunNet(model, 1)
     if path is not None:
         save_model_checkpoint(model, path)
     return params_by_device(model, devices)
 
 
-def test_save_on_four_resume_on_two_equals_uninterrupted(tmp_path: Any) -> None:
-    ref = _checkpoint_run([0, 1], None, None, 6)
+@pytest.mark.parametrize("gpu", [False, True])
+def test_save_on_four_resume_on_two_equals_uninterrupted(tmp_path: Any, gpu: bool) -> None:
+    ref = _checkpoint_run([0, 1], None, None, 6, gpu=gpu)
     path = str(tmp_path / "ckpt.pb")
-    _checkpoint_run([0, 1, 2, 3], path, None, 3)
-    got = _checkpoint_run([0, 1], None, path, 3, first_step=3)
+    _checkpoint_run([0, 1, 2, 3], path, None, 3, gpu=gpu)
+    got = _checkpoint_run([0, 1], None, path, 3, first_step=3, gpu=gpu)
     assert_equal_runs(ref, got, bitwise=False)
-    # resumed state is sharded again: the master keeps only what it owns
-    plan_owned = {n for n in workspace.Blobs() if n.startswith("cpu_0/")
-                  and n.endswith("_moment")}
-    model_plan = build([0, 1], "adam")._shard_plan
-    assert plan_owned == {f"cpu_0/{s}" for s, p in model_plan.state.items()
-                          if model_plan.device_of(model_plan.owner[p]) == 0}
+    # resumed state is sharded again: each device keeps only what it owns
+    held = {n for n in workspace.Blobs() if n.endswith("_moment")}
+    plan = build([0, 1], "adam", gpu)._shard_plan
+    assert held == {plan.blob(plan.device_of(plan.owner[p]), s) for s, p in plan.state.items()}
 
 
 def test_predictor_export_sees_complete_params() -> None:
