@@ -129,16 +129,16 @@ def restart_count() -> int:
 
 def checkpoint_set(args: argparse.Namespace, rdv: Any, rank: int,
                    size: int) -> checkpoint.CheckpointSet | None:
-    """The job's checkpoints, the ranks meeting in barriers over the rendezvous store (a
-    fresh key prefix per torchrun attempt: the store outlives restarts)."""
+    """The job's checkpoints, the ranks meeting in barriers over the rendezvous store (one
+    session per attempt: the store outlives torchrun restarts, a FileStore outlives runs)."""
     if not args.checkpoint_dir:
         return None
     barrier = None
     if size > 1:
         store = rdv["kv_handler"] if isinstance(rdv, dict) else rdv.store
         store = workspace.FetchBlob(store) if isinstance(store, str) else store
-        barrier = checkpoint.StoreBarrier(
-            store, size, prefix=f"train_distributed/attempt-{restart_count()}/checkpoint")
+        barrier = checkpoint.StoreBarrier(store, size, rank=rank,
+                                          prefix="train_distributed/checkpoint")
     return checkpoint.CheckpointSet(args.checkpoint_dir, rank, size,
                                     keep=args.keep_checkpoints, barrier=barrier)
 

@@ -409,19 +409,44 @@ def test_bad_step_is_typed(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
+def meet(barriers: list[checkpoint.StoreBarrier], name: str) -> list[int]:
+    """Every barrier called from its own thread; the ranks that got through."""
+    done: list[int] = []
+
+    def arrive(rank: int) -> None:
+        barriers[rank](name)
+        done.append(rank)
+
+    threads = [threading.Thread(target=arrive, args=(r,)) for r in range(len(barriers))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(15)
+    return sorted(done)
+
+
 def test_store_barrier_releases_all_ranks_and_times_out_typed() -> None:
     dist = pytest.importorskip("torch.distributed", reason="StoreBarrier uses a torch store")
     store = dist.HashStore()
     barriers = [checkpoint.StoreBarrier(store, 2, prefix="attempt-0", timeout=10)
                 for _ in range(2)]
-    done: list[int] = []
-    threads = [threading.Thread(target=lambda r=r: (barriers[r]("step-1"), done.append(r)))
-               for r in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(15)
-    assert sorted(done) == [0, 1]
+    assert meet(barriers, "step-1") == [0, 1]
+    assert meet(barriers, "step-2") == [0, 1]
     lonely = checkpoint.StoreBarrier(store, 2, prefix="attempt-1", timeout=0.2)
     with pytest.raises(CollectiveTimeoutError, match=r"attempt-1/step-2.*restart the job"):
         lonely("step-2")
+
+
+def test_store_barrier_sessions_ignore_a_crashed_attempts_arrivals() -> None:
+    dist = pytest.importorskip("torch.distributed", reason="StoreBarrier uses a torch store")
+    store = dist.HashStore()  # outlives the attempts, as torchrun's agent store does
+    first = [checkpoint.StoreBarrier(store, 2, prefix="job", timeout=0.2, rank=r)
+             for r in range(2)]
+    with pytest.raises(CollectiveTimeoutError, match="job/1/step-5"):
+        first[0]("step-5")  # rank 1 died before arriving
+    second = [checkpoint.StoreBarrier(store, 2, prefix="job", timeout=0.5, rank=r)
+              for r in range(2)]
+    assert [b.prefix for b in second] == ["job/2", "job/2"]
+    with pytest.raises(CollectiveTimeoutError):
+        second[0]("step-5")  # the old arrival does not complete the new barrier
+    assert meet(second, "step-10") == [0, 1]

@@ -81,26 +81,42 @@ def _describe(path: Path, data: bytes, rank: int) -> RankFile:
 
 class StoreBarrier:
     """A barrier over a ``torch.distributed`` store (TCPStore, FileStore, a PrefixStore):
-    each call adds one arrival under ``<prefix>/<name>``; the last rank to arrive releases
-    the others.  Give each job attempt its own ``prefix`` (e.g. with torchrun's
-    ``TORCHELASTIC_RESTART_COUNT``): a store outlives restarts and keeps old arrivals."""
+    each call adds one arrival under its key; the last rank to arrive releases the others.
+
+    A store can outlive a job attempt (torchrun's agent store across restarts, a FileStore
+    directory used again), and old arrivals must not count.  With ``rank``, each barrier
+    object takes the next *session* number of its rank (the n-th barrier a rank creates on
+    this store and prefix is session n, the same on every rank of one attempt) and keys live
+    under ``<prefix>/<session>``; without it, give each attempt its own ``prefix`` (e.g. with
+    torchrun's ``TORCHELASTIC_RESTART_COUNT``).
+    """
 
     def __init__(self, store: Any, world_size: int, prefix: str = "dpgraph/checkpoint",
-                 timeout: float = 300.0) -> None:
-        self.store, self.world_size = store, world_size
-        self.prefix, self.timeout = prefix, timeout
+                 timeout: float = 300.0, rank: int | None = None) -> None:
+        self.store, self.world_size, self.timeout = store, world_size, timeout
+        self.prefix = prefix
+        if rank is not None:
+            session = self._store_call(prefix, lambda: store.add(f"{prefix}/session/{rank}", 1))
+            self.prefix = f"{prefix}/{session}"
 
     def __call__(self, name: str) -> None:
         key = f"{self.prefix}/{name}"
-        try:
+
+        def meet() -> None:
             if self.store.add(f"{key}/arrived", 1) == self.world_size:
                 self.store.set(f"{key}/released", "1")
             self.store.wait([f"{key}/released"], datetime.timedelta(seconds=self.timeout))
+        self._store_call(key, meet)
+
+    def _store_call(self, key: str, call: Callable[[], Any]) -> Any:
+        try:
+            return call()
         except RuntimeError as error:  # torch's stores raise RuntimeError subclasses
             raise CollectiveTimeoutError(
                 f"Checkpoint barrier {key!r}: not every one of the {self.world_size} ranks "
-                f"arrived within {self.timeout:g}s ({error}); a rank died or is stuck. The "
-                "previous complete checkpoint is still usable; restart the job.") from error
+                f"arrived within {self.timeout:g}s, or the store failed ({error}); a rank "
+                "died or is stuck. The previous complete checkpoint is still usable; restart "
+                "the job.") from error
 
 
 class CheckpointSet:
