@@ -93,6 +93,8 @@ class _Shapes:
             return self.describe(source)
         if blob.endswith("_grad"):
             return self._value(blob[:-len("_grad")]) or "?"
+        if blob in op.input:  # updated in place (optimizer ops): the input's shape
+            return self.describe(blob)
         return "?"
 
 
