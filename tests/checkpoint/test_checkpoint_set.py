@@ -359,12 +359,13 @@ def test_pruning_keeps_the_newest_complete_checkpoints(tmp_path: Path) -> None:
     (tmp_path / "step-00000003" / "rank-00000.pb").write_bytes(b"partial")
     (tmp_path / "step-00000009").mkdir()  # newer than the commit: not touched
     (tmp_path / "notes.txt").write_text("mine")
+    (tmp_path / "step-1").mkdir()  # not a name this set writes: never listed, never removed
     keep2 = checkpoint.CheckpointSet(tmp_path, keep=2)
     for step in (4, 5):
         fill(current(), step)
         keep2.save(step, NAMES)
     assert ckpt.steps() == [4, 5, 9]
-    assert (tmp_path / "notes.txt").read_text() == "mine"
+    assert (tmp_path / "notes.txt").read_text() == "mine" and (tmp_path / "step-1").is_dir()
     assert keep2.latest() == 5
     all_kept = save_steps(tmp_path / "all", [1, 2, 3], keep=0)
     assert all_kept.steps() == [1, 2, 3]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -32,14 +33,32 @@ DIGEST = re.compile(r"rank (\d)/2: .*params sha256 ([0-9a-f]{64})")
 
 
 def torchrun(directory: Path, launcher: tuple[str, ...] = (),
-             script: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
+             script: tuple[str, ...] = ()) -> subprocess.Popen[str]:
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                "--nproc-per-node=2", *launcher, str(EXAMPLE), *TRAIN,
                "--checkpoint-dir", str(directory), *script]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    done = subprocess.run(command, capture_output=True, text=True, timeout=90, env=env)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return done
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env, start_new_session=True)
+
+
+def kill(job: subprocess.Popen[str]) -> None:
+    """torchrun and its workers (their own process group)."""
+    try:
+        os.killpg(job.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    job.communicate()
+
+
+def finish(job: subprocess.Popen[str]) -> tuple[str, str]:
+    try:
+        out, err = job.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        kill(job)
+        pytest.fail("torchrun did not finish within 120 s")
+    assert job.returncode == 0, out[-3000:] + err[-3000:]
+    return out, err
 
 
 def digests(output: str) -> dict[str, str]:
@@ -49,19 +68,25 @@ def digests(output: str) -> dict[str, str]:
 
 
 def test_killed_rank_restarts_and_resumes_to_bitwise_equal_parameters(tmp_path: Path) -> None:
-    plain = torchrun(tmp_path / "plain")
-    crashed = torchrun(tmp_path / "crashed", ("--max-restarts=1",),
-                       ("--crash-at-step", str(CRASH)))
-    log = crashed.stdout + crashed.stderr
+    jobs = [torchrun(tmp_path / "plain"),  # both at once: the wall time is mostly start-up
+            torchrun(tmp_path / "crashed", ("--max-restarts=1",),
+                     ("--crash-at-step", str(CRASH)))]
+    try:
+        (plain, _), (crashed, crashed_err) = [finish(job) for job in jobs]
+    finally:
+        for job in jobs:
+            if job.poll() is None:
+                kill(job)
+    log = crashed + crashed_err
     assert f"rank 1: crashing at step {CRASH} as asked" in log
     for rank in (0, 1):
-        assert f"rank {rank}/2: attempt 1, resumed from step 10" in crashed.stdout, log
+        assert f"rank {rank}/2: attempt 1, resumed from step 10" in crashed, log
     assert re.search(r"Skipping checkpoint step 15 .*no manifest", log), log
-    assert "attempt 1" not in plain.stdout and "resumed" not in plain.stdout
+    assert "attempt 1" not in plain and "resumed" not in plain
 
-    expected = digests(plain.stdout)
+    expected = digests(plain)
     assert len(set(expected.values())) == 1  # every rank holds the same model
-    assert digests(crashed.stdout) == expected
+    assert digests(crashed) == expected
 
     for rank in (0, 1):
         sets = [CheckpointSet(tmp_path / run, rank, 2, barrier=lambda name: None)

@@ -168,8 +168,8 @@ class CheckpointSet:
             raise CheckpointError(f"Cannot list checkpoint directory {str(self.directory)!r}: "
                                   f"{error.strerror}; check that it is readable.") from error
         found = (_STEP_DIR.fullmatch(n) for n in names)
-        return sorted(int(m.group(1)) for m in found
-                      if m and (self.directory / m.group(0)).is_dir())
+        steps = (int(m.group(1)) for m in found if m)
+        return sorted(s for s in steps if (self.directory / step_dir_name(s)).is_dir())
 
     # --- saving --------------------------------------------------------------------------
     def write_rank(self, step: int, blob_names: Iterable[Any], workspace: Any = None) -> Path:
