@@ -1,0 +1,129 @@
+"""DAG executor scheduling: the calling thread runs the main chain, lock-free solo edges,
+branches on the workers, and errors/order kept as before."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from dpgraph import core
+from dpgraph.errors import OperatorError, ShapeError
+from dpgraph.ir.registry import OPERATORS, register_op
+from dpgraph.runtime import Workspace
+from dpgraph.runtime.executor import DagExecutor
+
+THREADS: list[tuple[str, int]] = []
+EVENTS: dict[str, threading.Event] = {}
+
+
+def _register() -> None:
+    if "RtTestThread" in OPERATORS:
+        return
+
+    @register_op("RtTestThread", inputs=(0, None), outputs=1)
+    def record(ctx):  # which thread ran the op
+        THREADS.append((ctx.op.output[0], threading.get_ident()))
+        return (np.zeros(1, np.float32),)
+
+    @register_op("RtTestSet", inputs=(0, None), outputs=1)
+    def set_event(ctx):
+        EVENTS[ctx.op.output[0]].set()
+        return (np.zeros(1, np.float32),)
+
+    @register_op("RtTestWait", inputs=(0, None), outputs=1)
+    def wait_event(ctx):  # blocks until another branch's op ran
+        assert EVENTS[ctx.args["event"].decode() if isinstance(ctx.args["event"], bytes)
+                      else ctx.args["event"]].wait(10), "the other branch never ran"
+        return (np.zeros(1, np.float32),)
+
+
+_register()
+
+
+def _dag(net: core.Net, workers: int = 2) -> tuple[Workspace, str]:
+    ws = Workspace(f"sched_{net.Proto().name}", seed=0)
+    net.Proto().type, net.Proto().num_workers = "dag", workers
+    ws.create_net(net.Proto())
+    return ws, net.Proto().name
+
+
+def test_calling_thread_runs_the_main_chain() -> None:
+    THREADS.clear()
+    net = core.Net("sched_chain")
+    net.RtTestThread([], "a")
+    net.RtTestThread(["a"], "b")
+    net.RtTestThread(["b"], "c")
+    ws, name = _dag(net)
+    ws.run_net(name, num_iter=2)
+    assert [n for n, _ in THREADS] == ["a", "b", "c"] * 2
+    assert {t for _, t in THREADS} == {threading.get_ident()}
+    executor = ws.net(name).executor
+    assert isinstance(executor, DagExecutor) and executor.solo == [1, 2, -1]
+
+
+def test_branches_run_on_workers_and_the_main_line_on_the_caller() -> None:
+    """a fans out to b (lowest index: continued by the caller) and c (queued); d joins."""
+    THREADS.clear()
+    net = core.Net("sched_fan")
+    net.RtTestThread([], "a")
+    net.RtTestThread(["a"], "b")
+    net.RtTestThread(["a"], "c")
+    net.RtTestThread(["b", "c"], "d")
+    ws, name = _dag(net)
+    ws.run_net(name)
+    where = dict(THREADS)
+    assert where["a"] == where["b"] == threading.get_ident()
+    assert where["c"] != threading.get_ident()
+    assert ws.net(name).executor.solo == [-1, -1, -1, -1]
+
+
+def test_caller_chain_may_wait_for_a_branch() -> None:
+    """The op on the calling thread blocks until an op of another root's chain ran: the
+    branch must run concurrently on a worker."""
+    EVENTS["sched_ev"] = threading.Event()
+    net = core.Net("sched_wait")
+    net.RtTestWait([], "w", event="sched_ev")
+    net.RtTestThread([], "x")
+    net.RtTestSet(["x"], "sched_ev")
+    ws, name = _dag(net, workers=1)
+    ws.run_net(name)
+    assert ws.has_blob("w") and ws.has_blob("sched_ev")
+
+
+@pytest.mark.parametrize("failing", [1, 2])
+def test_failure_inside_a_solo_chain_stops_it(failing: int) -> None:
+    THREADS.clear()
+    net = core.Net(f"sched_fail_{failing}")
+    outputs = ["a", "b", "c", "d"]
+    previous: list[str] = []
+    for i, out in enumerate(outputs):
+        if i == failing:
+            net.RtTestFail(previous, [out])
+        else:
+            net.RtTestThread(previous, out)
+        previous = [out]
+    ws, name = _dag(net)
+    with pytest.raises(OperatorError) as info:
+        ws.run_net(name)
+    assert isinstance(info.value, ShapeError) and info.value.op_index == failing
+    assert [n for n, _ in THREADS] == outputs[:failing]
+    assert not ws.has_blob(outputs[failing]) and not ws.has_blob(outputs[-1])
+    THREADS.clear()
+    with pytest.raises(OperatorError):  # the executor stays usable
+        ws.run_net(name)
+    assert [n for n, _ in THREADS] == outputs[:failing]
+
+
+def test_an_error_on_a_worker_branch_is_raised_by_the_caller() -> None:
+    THREADS.clear()
+    net = core.Net("sched_branch_fail")
+    net.RtTestThread([], "a")
+    net.RtTestThread(["a"], "b")
+    net.RtTestFail(["a"], ["c"])     # op 2: a queued branch, run by a worker
+    ws, name = _dag(net)
+    with pytest.raises(OperatorError) as info:
+        ws.run_net(name)
+    assert isinstance(info.value, ShapeError) and info.value.op_index == 2
+    assert not ws.has_blob("c")
