@@ -140,3 +140,13 @@ class TestSerialized(__import__("dpgraph.serialized_test.serialized_test_util",
             finally:
                 del impl._output_context.output_dir
                 impl._output_context.should_generate_output = False
+
+
+def test_run_in_hip_checks_the_test_and_checked_devices() -> None:
+    from dpgraph import hip_test_util
+    from dpgraph.proto import caffe2_pb2
+
+    hip = caffe2_pb2.DeviceOption(device_type=caffe2_pb2.PROTO_HIP)
+    cpu = caffe2_pb2.DeviceOption()
+    assert hip_test_util.run_in_hip(hip, [cpu]) and hip_test_util.run_in_hip(cpu, [cpu, hip])
+    assert not hip_test_util.run_in_hip(cpu, [cpu])

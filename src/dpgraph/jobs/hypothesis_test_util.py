@@ -236,6 +236,15 @@ _hip_do_list: list[caffe2_pb2.DeviceOption] = []
 _gpu_do_list = [gpu_do] if _has_gpu else []
 _device_options_no_hip = [cpu_do] + _cuda_do_list
 device_options = _device_options_no_hip + _hip_do_list
+
+
+def run_in_hip(gc: caffe2_pb2.DeviceOption, dc: Any) -> bool:
+    """Whether the test device ``gc`` or any of the checked devices ``dc`` is HIP
+    (Caffe2's ``hip_test_util.run_in_hip``)."""
+    return gc.device_type == caffe2_pb2.PROTO_HIP or any(
+        d.device_type == caffe2_pb2.PROTO_HIP for d in dc)
+
+
 expanded_device_options = [cpu_do] + [caffe2_pb2.DeviceOption(device_type=CUDA, device_id=i)
                                       for i in range(devices.NumGpuDevices())]
 
