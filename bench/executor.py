@@ -16,6 +16,10 @@ Prints ONE JSON object.  Figures:
   are the same ratios of process CPU time (steadier than wall time when other processes
   load the machine).
 
+``machine`` records the load around the run (1-minute load average and, where the kernel
+reports it, the share of time runnable threads waited for a CPU): on a shared 2-core machine
+ratios from a loaded run swing by tens of percent, so compare runs made at low load.
+
 Run: ``python bench/executor.py [--ops N] [--steps K] [--blas-threads T]``.
 """
 
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 from typing import Any
@@ -223,6 +228,20 @@ def _limit_blas_threads(threads: int) -> Any:
     return threadpool_limits(limits=threads, user_api="blas")
 
 
+def machine_load() -> dict[str, Any]:
+    """The 1-minute load average, the CPU count and the CPU pressure (``some avg10``, % of
+    time some runnable thread waited for a CPU; absent where /proc/pressure is missing)."""
+    result: dict[str, Any] = {"cpus": os.cpu_count(),
+                              "loadavg_1min": round(os.getloadavg()[0], 2)}
+    try:
+        with open("/proc/pressure/cpu", encoding="ascii") as handle:
+            fields = dict(item.split("=") for item in handle.readline().split()[1:])
+        result["cpu_pressure_avg10"] = float(fields["avg10"])
+    except (OSError, KeyError, ValueError):
+        pass
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ops", type=int, default=10_000)
@@ -232,6 +251,7 @@ def main() -> None:
                         help="also time the MLP with BLAS limited to N threads (threadpoolctl): "
                              "steadier figures on a shared machine; 0 = only the default")
     args = parser.parse_args()
+    before = machine_load()
     report: dict[str, Any] = {"benchmark": "executor",
                               "dispatch": dispatch(args.ops, args.repeats),
                               "mlp": mlp(args.steps)}
@@ -241,6 +261,7 @@ def main() -> None:
             report[f"mlp_blas_threads_{args.blas_threads}"] = mlp(args.steps)
     report["targets"] = {"simple_us_per_op": 15, "mlp_ratio": 1.05,
                          "mlp_ratio_no_data_grad": 1.2}
+    report["machine"] = {"before": before, "after": machine_load()}
     print(json.dumps(report))
 
 

@@ -45,9 +45,15 @@ OUTPUT_PLACEMENT = "output_placement"  # same key as dpgraph.ops.device_copy.OUT
 _ndarray = np.ndarray
 
 
-#: References to a blob's array while :meth:`RuntimeOpContext.reusable_output` looks at it
-#: when nothing else holds it: the blob table, the local name and ``getrefcount``'s argument.
-_SOLE_REFERENCES = 3
+def _blob_and_references(blobs: Blobs, name: str) -> tuple[Any, int]:
+    """Blob ``name``'s value and its reference count as seen here."""
+    value = blobs.get(name)
+    return value, sys.getrefcount(value)
+
+
+#: What :func:`_blob_and_references` counts for an array only the blob table holds
+#: (measured, not assumed: the count of temporaries differs across Python versions).
+_SOLE_REFERENCES = _blob_and_references({"probe": np.empty(1)}, "probe")[1]
 
 
 class RuntimeOpContext(OpContext):
@@ -84,10 +90,10 @@ class RuntimeOpContext(OpContext):
         name = self._reusable[index] if index < len(self._reusable) else None
         if name is None or self._blobs is None:
             return None
-        value = self._blobs.get(name)
-        if type(value) is not _ndarray or value.shape != shape or value.dtype != dtype or \
-                value.base is not None or not value.flags.c_contiguous or \
-                not value.flags.writeable or sys.getrefcount(value) > _SOLE_REFERENCES:
+        value, references = _blob_and_references(self._blobs, name)
+        if references != _SOLE_REFERENCES or type(value) is not _ndarray or \
+                value.shape != shape or value.dtype != dtype or value.base is not None or \
+                not value.flags.c_contiguous or not value.flags.writeable:
             return None
         return value
 
