@@ -126,13 +126,16 @@ def get_op_ids_in_path(ssa: Sequence[tuple[list[Versioned], list[Versioned]]],
 
 def InferBlobDevices(net: Any) -> dict[str, caffe2_pb2.DeviceOption]:
     """``{output blob: device option of the (last) op that produces it}``."""
-    proto = proto_of(net)
+    # a Net is only read here: its lookup tables stay valid (no rescan at its next op)
+    proto = net.proto_for_reading() if hasattr(net, "proto_for_reading") else proto_of(net)
     default = proto.device_option if isinstance(proto, caffe2_pb2.NetDef) else None
     mapping: dict[str, caffe2_pb2.DeviceOption] = {}
-    for op in _ops(net):
+    for op in _ops(proto):
         option = op.device_option if op.HasField("device_option") else default
-        for b in op.output:
-            mapping[b] = option if option is not None else caffe2_pb2.DeviceOption()
+        if option is not None:
+            mapping.update(dict.fromkeys(op.output, option))
+        else:  # one new (empty) option per blob
+            mapping.update((b, caffe2_pb2.DeviceOption()) for b in op.output)
     return mapping
 
 

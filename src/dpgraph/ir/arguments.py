@@ -12,8 +12,19 @@ from dpgraph.errors import ArgumentError
 from dpgraph.proto import caffe2_pb2
 
 
-def _encode_iterable(argument: caffe2_pb2.Argument, key: str, values: list[Any]) -> None:
-    if all(isinstance(v, (float, np.floating)) for v in values):
+_FLOATS = frozenset({float})
+_INTS = frozenset({int})  # bools go through int() below
+
+
+def _encode_iterable(argument: caffe2_pb2.Argument, key: str, values: Any) -> None:
+    """A list of floats, ints/bools, strings, NetDefs or messages (numpy scalars count as
+    the Python number they hold)."""
+    kinds = set(map(type, values))
+    if kinds <= _FLOATS:  # the common cases first, decided by exact type
+        argument.floats.extend(values)
+    elif kinds <= _INTS:
+        argument.ints.extend(values)
+    elif all(isinstance(v, (float, np.floating)) for v in values):
         argument.floats.extend(float(v) for v in values)
     elif all(isinstance(v, (bool, int, np.integer, np.bool_)) for v in values):
         argument.ints.extend(int(v) for v in values)
@@ -24,10 +35,11 @@ def _encode_iterable(argument: caffe2_pb2.Argument, key: str, values: list[Any])
     elif all(isinstance(v, Message) for v in values):
         argument.strings.extend(v.SerializeToString() for v in values)
     else:
-        kinds = sorted({type(v).__name__ for v in values})
+        kinds_text = sorted({type(v.item() if isinstance(v, np.generic) else v).__name__
+                             for v in values})
         raise ArgumentError(
-            f"Argument {key!r}: cannot encode a list mixing {', '.join(kinds)}; use a list of "
-            "only floats, only ints/bools, only strings, or only NetDefs."
+            f"Argument {key!r}: cannot encode a list mixing {', '.join(kinds_text)}; use a "
+            "list of only floats, only ints/bools, only strings, or only NetDefs."
         )
 
 
@@ -39,6 +51,27 @@ def MakeArgument(key: str, value: Any) -> caffe2_pb2.Argument:
     A float32 array goes to ``floats``; other arrays are flattened first.
     """
     argument = caffe2_pb2.Argument(name=key)
+    encode_argument(argument, key, value)
+    return argument
+
+
+def encode_argument(argument: caffe2_pb2.Argument, key: str, value: Any) -> None:
+    """:func:`MakeArgument`'s encoding of ``value`` into an existing ``argument`` (so an
+    op's arguments can be built in place, with ``op.arg.add(name=key)``)."""
+    kind = type(value)
+    if kind is float:  # the common scalar kinds first, decided by exact type
+        argument.f = value
+    elif kind is int or kind is bool:
+        argument.i = int(value)
+    elif kind is str:
+        argument.s = value.encode("utf-8")
+    elif kind is list or kind is tuple:  # numpy scalars inside are handled there
+        _encode_iterable(argument, key, value)
+    else:
+        _encode_other(argument, key, value)
+
+
+def _encode_other(argument: caffe2_pb2.Argument, key: str, value: Any) -> None:
     if isinstance(value, np.ndarray):
         value = value.flatten().tolist()
     elif isinstance(value, np.generic):
@@ -56,14 +89,12 @@ def MakeArgument(key: str, value: Any) -> caffe2_pb2.Argument:
     elif isinstance(value, Message):
         argument.s = value.SerializeToString()
     elif isinstance(value, Iterable) and not isinstance(value, Mapping):
-        _encode_iterable(argument, key, [v.item() if isinstance(v, np.generic) else v
-                                         for v in value])
+        _encode_iterable(argument, key, list(value))
     else:
         raise ArgumentError(
             f"Argument {key!r}: unsupported value {value!r} of type {type(value).__name__}; "
             "use a number, string, bytes, NetDef, protobuf message or a list of those."
         )
-    return argument
 
 
 def argument_value(argument: caffe2_pb2.Argument) -> Any:

@@ -14,7 +14,7 @@ from dpgraph.errors import BlobNotFoundError, GradientError, NetError
 from dpgraph.ir.arguments import MakeArgument
 from dpgraph.ir.blob import BlobReference, ScopedBlobReference, ScopedName, blob_name
 from dpgraph.ir.device import DeviceOption, IsGPUDeviceType
-from dpgraph.ir.operator import CreateOperator, RectifyInputOutput
+from dpgraph.ir.operator import CreateOperator, RectifyInputOutput, fill_operator
 from dpgraph.ir.python_funcs import python_op_arguments
 from dpgraph.ir.registry import NET_EXTENSIONS, OPERATORS
 from dpgraph.proto import caffe2_pb2
@@ -99,6 +99,12 @@ class Net:
     def Proto(self) -> caffe2_pb2.NetDef:
         """The live NetDef; callers may mutate it."""
         self._recreate_lookup_tables = True
+        return self._net
+
+    def proto_for_reading(self) -> caffe2_pb2.NetDef:
+        """The live NetDef for code that only reads it: unlike :meth:`Proto` it keeps the
+        blob lookup tables valid (no rescan of the whole net at the next op).  Never
+        mutate it; use :meth:`Proto` for that."""
         return self._net
 
     def _lookup(self) -> None:
@@ -227,21 +233,52 @@ class Net:
 
     def _CreateAndAddToSelf(self, op_type: str, inputs: Any, outputs: Any = None,
                             **kwargs: Any) -> Any:
-        """Create an op, declare unknown inputs external, append it, return its outputs."""
+        """Create an op, declare unknown inputs external, append it, return its outputs.
+
+        The op is built in place at the end of the NetDef (no copy); when building it or
+        checking its inputs raises, it is removed again and nothing else has changed.
+        """
         inputs = RectifyInputOutput(inputs)
-        outputs = RectifyInputOutput(self._auto_outputs(op_type, outputs), net=self)
-        op = CreateOperator(op_type, inputs, outputs, **kwargs)  # may raise: nothing changed yet
-        for blob in inputs:
-            if not self.BlobIsDefined(blob):
-                if blob.Net() is self:
-                    raise NetError(f"Blob {blob} claims to come from this net but is undefined.")
-                self.AddExternalInput(blob)
-        self._ExtendOps([op])
-        operator_tracebacks[self.Name()][len(self._net.op) - 1] = _creation_stack()
-        refs = [BlobReference(str(o), self) for o in outputs]
+        refs = self._output_refs(self._auto_outputs(op_type, outputs))
+        self._lookup()  # fresh tables now: the new op's outputs are not in them yet
+        ops = self._net.op
+        op = ops.add()
+        try:
+            fill_operator(op, op_type, [str(b) for b in inputs], [r._name for r in refs],
+                          **kwargs)
+            external = self._new_external_inputs(inputs)
+        except BaseException:
+            del ops[-1]
+            raise
+        for blob in external:
+            self.AddExternalInput(blob)
+        self._op_outputs.update(op.output)
+        operator_tracebacks[self._net.name][len(ops) - 1] = _creation_stack()
         if not refs:
             return None
         return refs[0] if len(refs) == 1 else tuple(refs)
+
+    def _output_refs(self, outputs: Any) -> list[BlobReference]:
+        """New references bound to this net for an op's outputs (strings get the name
+        scope; a reference passed in is not reused: its copy is bound to this net)."""
+        refs = RectifyInputOutput(outputs, net=self)
+        passed = outputs if isinstance(outputs, (list, tuple)) else [outputs]
+        return [BlobReference(ref._name, self) if ref is given else ref
+                for ref, given in zip(refs, passed)]
+
+    def _new_external_inputs(self, inputs: list[BlobReference]) -> list[BlobReference]:
+        """The inputs this net does not define yet (each once), which become external."""
+        new: list[BlobReference] = []
+        seen: set[str] = set()
+        for blob in inputs:
+            name = str(blob)
+            if name in self._op_outputs or name in self._external_input_map or name in seen:
+                continue
+            if blob.Net() is self:
+                raise NetError(f"Blob {blob} claims to come from this net but is undefined.")
+            seen.add(name)
+            new.append(blob)
+        return new
 
     def _ExtendOps(self, new_ops: Iterable[caffe2_pb2.OperatorDef]) -> None:
         new_ops = list(new_ops)

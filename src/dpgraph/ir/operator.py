@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from dpgraph.errors import BlobNameError, DeviceOptionTypeError
 from dpgraph.ir import scope
-from dpgraph.ir.arguments import MakeArgument
+from dpgraph.ir.arguments import encode_argument
 from dpgraph.ir.blob import BlobReference, ScopedBlobReference
 from dpgraph.proto import caffe2_pb2
 
@@ -77,16 +77,32 @@ def CreateOperator(
     option; ``arg`` protos come first, then one Argument per keyword that is not None.
     """
     operator = caffe2_pb2.OperatorDef()
+    fill_operator(operator, operator_type, _names(inputs), _names(outputs), name,
+                  control_input, device_option, arg, engine, debug_info, **kwargs)
+    return operator
+
+
+def _names(blobs: Any) -> list[str]:
+    return [str(blob) for blob in RectifyInputOutput(blobs)]
+
+
+def fill_operator(operator: caffe2_pb2.OperatorDef, operator_type: str, inputs: list[str],
+                  outputs: list[str], /, name: str = "", control_input: Any = None,
+                  device_option: caffe2_pb2.DeviceOption | None = None,
+                  arg: Iterable[caffe2_pb2.Argument] | None = None, engine: str | None = None,
+                  debug_info: str | None = None, **kwargs: Any) -> None:
+    """:func:`CreateOperator` into the empty ``operator`` (say, ``net.op.add()``), with the
+    input and output names already rectified."""
     if debug_info is not None:
         operator.debug_info = debug_info
     elif os.environ.get("CAFFE2_DEBUG"):
         operator.debug_info = "".join(traceback.format_stack())
     operator.type = operator_type
     operator.name = name
-    operator.input.extend(str(i) for i in RectifyInputOutput(inputs))
-    operator.output.extend(str(o) for o in RectifyInputOutput(outputs))
+    operator.input.extend(inputs)
+    operator.output.extend(outputs)
     if control_input:
-        operator.control_input.extend(str(i) for i in RectifyInputOutput(control_input))
+        operator.control_input.extend(_names(control_input))
     if device_option is not None:
         if not isinstance(device_option, caffe2_pb2.DeviceOption):
             raise DeviceOptionTypeError(
@@ -94,15 +110,20 @@ def CreateOperator(
                 f"caffe2_pb2.DeviceOption, got {type(device_option).__name__} "
                 f"{device_option!r}; build one with core.DeviceOption(device_type, device_id).")
         operator.device_option.CopyFrom(device_option)
-    elif scope.CurrentDeviceScope() is not None:
-        operator.device_option.CopyFrom(scope.CurrentDeviceScope())
+    else:
+        current = scope.CurrentDeviceScope()
+        if current is not None:
+            operator.device_option.CopyFrom(current)
     if engine is not None:
         operator.engine = engine
     if "random_seed" in kwargs:
         operator.device_option.random_seed = kwargs.pop("random_seed")
     if arg is not None:
         operator.arg.extend(arg)
-    operator.arg.extend(MakeArgument(k, v) for k, v in kwargs.items() if v is not None)
+    if kwargs:
+        add_argument = operator.arg.add
+        for key, value in kwargs.items():
+            if value is not None:
+                encode_argument(add_argument(name=key), key, value)
     for hook in list(CREATE_HOOKS):
         hook(operator)
-    return operator

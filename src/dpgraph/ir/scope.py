@@ -60,9 +60,11 @@ def NameScope(prefix: str | bytes | None, reset: bool = False) -> Iterator[None]
             "pass the scope name as a string."
         )
     piece = prefix + _NAMESCOPE_SEPARATOR if prefix else ""
-    old = _namescope.get()
-    with _value_within(_namescope, piece if reset else old + piece):
+    token = _namescope.set(piece if reset else _namescope.get() + piece)
+    try:
         yield
+    finally:
+        _namescope.reset(token)
 
 
 @contextlib.contextmanager
@@ -94,8 +96,11 @@ def DeviceScope(
             merged = sorted([*new_scope.extra_info, *old.extra_info])
             del new_scope.extra_info[:]
             new_scope.extra_info.extend(merged)
-    with _value_within(_devicescope, new_scope):
+    token = _devicescope.set(new_scope)
+    try:
         yield
+    finally:
+        _devicescope.reset(token)
 
 
 @contextlib.contextmanager

@@ -62,6 +62,8 @@ class UseOptimizer:
 
 def attach_optimizer(param_info: Any, tags: set[str]) -> None:
     """Give ``param_info`` the optimizer of one of its tags, else the default one."""
+    if not _stack.get():  # no UseOptimizer block
+        return
     context = OptimizerContext.current()
     for tag in sorted(tags):
         if context.has_optimizer(tag):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -11,6 +12,13 @@ from dpgraph.ir.blob import BlobReference, GradientSlice
 
 GRAD_TYPE_DENSE = "dense"
 GRAD_TYPE_SPARSE = "sparse"
+
+
+def _size(shape: Any) -> int:
+    """The element count of ``shape`` (``np.prod``; plain int lists without numpy)."""
+    if type(shape) in (list, tuple) and all(type(d) is int for d in shape):
+        return math.prod(shape)
+    return int(np.prod(shape))
 
 
 class ParameterTags:
@@ -37,7 +45,7 @@ class ParameterInfo:
         self.blob = param
         self.key = key
         self.shape = shape
-        self.size = None if shape is None else int(np.prod(shape))
+        self.size = None if shape is None else _size(shape)
         self.length = max(1, length if length is not None else 1)
         self.grad = grad
         self._cloned_init_net: Any = None

@@ -49,6 +49,8 @@ class ParameterSharingContext:
     def get_parameter_name(self, name: str) -> str:
         """``name`` in the current name scope after applying the overrides."""
         candidate = scope.CurrentNameScope()
+        if not _overrides.get():  # no ParameterSharing block: nothing to resolve
+            return candidate + name
         best = self._resolve_scope_overrides(candidate)
         if best != candidate:
             logger.info("Overwriting scope %s with scope %s", candidate, best)

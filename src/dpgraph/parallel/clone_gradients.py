@@ -16,7 +16,7 @@ from typing import Any
 
 from dpgraph.autodiff.backward import GetBackwardPass
 from dpgraph.ir.blob import GradientSlice
-from dpgraph.parallel.clone import Renamer, plans_of
+from dpgraph.parallel.clone import OpPlan, Renamer, plans_of
 from dpgraph.parallel.state import ParallelState
 from dpgraph.proto import caffe2_pb2
 
@@ -94,10 +94,10 @@ def _same(ops: OpList, grad_map: dict[Any, Any], real_ops: OpList,
             == [(str(k), _value_names(v)) for k, v in real_map.items()])
 
 
-def _cloned(ops: OpList, grad_map: dict[Any, Any], renamer: Renamer
+def _cloned(compiled: list[OpPlan], grad_map: dict[Any, Any], renamer: Renamer
             ) -> tuple[OpList, dict[Any, Any]]:
-    compiled = plans_of(ops, renamer.first_option)
-    targets = [caffe2_pb2.OperatorDef() for _ in ops]
+    """Device 0's gradient ops (as plans) and map, renamed for ``renamer``'s device."""
+    targets = [caffe2_pb2.OperatorDef() for _ in compiled]
     renamer.ops_into(compiled, targets)
     return targets, {renamer.ref(k): _renamed_value(v, renamer) for k, v in grad_map.items()}
 
@@ -109,7 +109,7 @@ def add_gradients_by_cloning(state: ParallelState, forward_ops: int,
     model, devices = state.model, state.devices
     if len(devices) < 3 or model.gradient_ops_added:
         return False
-    proto = model.net.Proto()
+    proto = model.net.proto_for_reading()
     blocks = device_blocks(proto.op[:forward_ops], state)
     if blocks is None:
         return False
@@ -122,11 +122,12 @@ def add_gradients_by_cloning(state: ParallelState, forward_ops: int,
     if not _scoped(map0, ops0, state.namescope(devices[0]) + "/"):
         return False
     ops1, map1 = GetBackwardPass(blocks[1], _ys(state, devices[1], loss_grad))
-    if not _same(*_cloned(ops0, map0, _renamer(state, devices[1])), ops1, map1):
+    compiled = plans_of(ops0, _renamer(state, devices[1]).first_option)
+    if not _same(*_cloned(compiled, map0, _renamer(state, devices[1])), ops1, map1):
         return False
     per_device = {devices[0]: (list(ops0), map0), devices[1]: (list(ops1), map1)}
     for device in devices[2:]:
-        per_device[device] = _cloned(ops0, map0, _renamer(state, device))
+        per_device[device] = _cloned(compiled, map0, _renamer(state, device))
     _publish_gradients(model, *_merged(per_device, devices, loss_grad))
     return True
 

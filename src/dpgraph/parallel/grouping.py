@@ -111,8 +111,8 @@ def _map_ops(ops: Sequence[caffe2_pb2.OperatorDef], mapping: dict[str, Any]) -> 
 def infer_blob_device(state: ParallelState) -> None:
     """Caffe2's ``_InferBlobDevice``: each blob takes the device of its first op."""
     mapping: dict[str, Any] = {}
-    _map_ops(list(state.model.param_init_net.Proto().op), mapping)
-    _map_ops(list(state.model.net.Proto().op), mapping)
+    _map_ops(list(state.model.param_init_net.proto_for_reading().op), mapping)
+    _map_ops(list(state.model.net.proto_for_reading().op), mapping)
     state.blob_to_device = mapping
 
 
@@ -120,7 +120,7 @@ def analyze_operators(state: ParallelState) -> None:
     """No GPU op may touch another device's blobs, except the ops whose schema says they may
     (copies, collectives, peer readers such as Concat, and Parallelize's ``dpm`` Sum)."""
     prefix = state.config.device_prefix + "_"
-    for index, op in enumerate(state.model.net.Proto().op):
+    for index, op in enumerate(state.model.net.proto_for_reading().op):
         if not IsGPUDeviceType(op.device_option.device_type) or may_name_other_devices(op):
             continue
         namescope = f"{prefix}{op.device_option.device_id}/"
@@ -142,7 +142,7 @@ def compute_blobs_to_sync(state: ParallelState) -> tuple[list[BlobReference], li
         names = sorted({stripBlobName(b) for b in blobs})
     else:
         blobs, name_set = [], set()
-        for op in model.param_init_net.Proto().op:
+        for op in model.param_init_net.proto_for_reading().op:
             for out in op.output:
                 if out.startswith(prefix + "_"):
                     blobs.append(out)

@@ -139,7 +139,7 @@ def add_gradients(state: ParallelState) -> None:
     first two devices' backward passes and copies of the first's for the others, when
     the devices' blocks are independent; see :mod:`dpgraph.parallel.clone_gradients`)."""
     model = state.model
-    forward_ops = len(model.net.Proto().op)
+    forward_ops = len(model.net.proto_for_reading().op)
     loss_grad: dict[str, str] = {}
     for device in state.devices:
         option = device_option(state.config.device_type, device)

@@ -39,7 +39,7 @@ class HelperWrapper:
         def scope_wrapper(*args: Any, **kwargs: Any) -> Any:
             new_kwargs: dict[str, Any] = {}
             if helper_name != "arg_scope":
-                new_kwargs = copy.deepcopy(_model_of(helper_name, args, kwargs).arg_scope)
+                new_kwargs = _copied(_model_of(helper_name, args, kwargs).arg_scope)
             names = _keyword_names(func)
             if names is not None:
                 new_kwargs = {k: v for k, v in new_kwargs.items() if k in names}
@@ -79,6 +79,18 @@ def _model_of(helper_name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -
     raise ModelStateError(
         f"brew.{helper_name}: you must pass a ModelHelper object as the first argument or "
         "as a 'model' keyword argument.")
+
+
+#: Types ``copy.deepcopy`` returns as they are.
+_ATOMIC = frozenset({type(None), bool, int, float, complex, str, bytes})
+
+
+def _copied(arg_scope: dict[str, Any]) -> dict[str, Any]:
+    """``copy.deepcopy(arg_scope)`` without the deepcopy machinery for atomic values (one
+    memo for the others, so that values sharing an object still share its copy)."""
+    memo: dict[int, Any] = {}
+    return {key: value if type(value) in _ATOMIC else copy.deepcopy(value, memo)
+            for key, value in arg_scope.items()}
 
 
 @functools.cache
