@@ -130,6 +130,23 @@ def test_two_ranks_meet_in_barriers_and_each_loads_its_own_file(tmp_path: Path) 
     assert values(spaces[0]) != values(spaces[1])  # the ranks' files really differ
 
 
+def test_every_rank_rejects_a_step_whose_other_rank_file_is_damaged(tmp_path: Path) -> None:
+    sets = [checkpoint.CheckpointSet(tmp_path, r, 2, barrier=lambda name: None)
+            for r in range(2)]
+    spaces = [Workspace(f"rank{r}") for r in range(2)]
+    for step in (5, 10):
+        for rank in (1, 0):
+            fill(spaces[rank], step, rank)
+            sets[rank].write_rank(step, NAMES, spaces[rank])
+        sets[0].commit(step)  # the barriers are no-ops: rank 0 commits after both wrote
+    assert [s.latest() for s in sets] == [10, 10]
+    damage_flip(tmp_path / "step-00000010", "rank-00001.pb")
+    assert [s.latest() for s in sets] == [5, 5]  # rank 0 too: all ranks pick one step
+    fresh = Workspace("fresh")
+    assert sets[0].load(expected=NAMES, workspace=fresh) == 5
+    assert fresh.fetch_blob("ITER").tolist() == [5]
+
+
 def test_another_world_size_does_not_resume(tmp_path: Path,
                                             caplog: pytest.LogCaptureFixture) -> None:
     save_steps(tmp_path, [2])
@@ -158,8 +175,8 @@ def damage_truncate(step_dir: Path) -> None:
     path.write_bytes(path.read_bytes()[:10])
 
 
-def damage_flip(step_dir: Path) -> None:
-    path = step_dir / "rank-00000.pb"
+def damage_flip(step_dir: Path, name: str = "rank-00000.pb") -> None:
+    path = step_dir / name
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0x40
     path.write_bytes(bytes(data))

@@ -253,38 +253,47 @@ class CheckpointSet:
             CheckpointError: no manifest (the save did not finish), an unreadable or foreign
                 manifest, another world size, or a file missing, truncated or changed.
         """
-        where = self.step_dir(step) / MANIFEST_FILE
-        entries = _parse_manifest(where, _read_limited(where), step, self.world_size)
-        for entry in entries:
-            self._verified_bytes(step, entry)
-        return entries
+        return self._validated(step)[0]
 
     def latest(self) -> int | None:
         """The newest complete step (every file matches its manifest), or None.  Newer
         incomplete or damaged steps are skipped with a logged warning."""
-        for step in reversed(self.steps()):
-            try:
-                self.validate(step)
-            except CheckpointError as error:
-                logger.warning("Skipping checkpoint step %d in %s: %s", step, self.directory,
-                               error)
-                continue
-            return step
-        return None
+        newest = self._newest()
+        return None if newest is None else newest[0]
 
     def load(self, step: int | None = None, expected: Iterable[Any] | None = None,
              workspace: Any = None) -> int | None:
         """Load this rank's blobs of ``step`` (default: :meth:`latest`) into the workspace;
         returns the step, or None when there is no complete checkpoint.  ``expected`` as in
         ``load_checkpoint``; nothing is loaded on an error."""
-        step = self.latest() if step is None else step
-        if step is None:
+        found = self._newest() if step is None else (step, self._validated(step)[1])
+        if found is None:
             return None
-        entries = self.validate(step)
-        data = self._verified_bytes(step, entries[self.rank])
+        step, data = found
         where = str(self.rank_path(step))
         apply_checkpoint(decode_checkpoint(data, where), where, expected, workspace)
         return step
+
+    def _newest(self) -> tuple[int, bytes] | None:
+        """The newest complete step and this rank's verified bytes of it."""
+        for step in reversed(self.steps()):
+            try:
+                return step, self._validated(step)[1]
+            except CheckpointError as error:
+                logger.warning("Skipping checkpoint step %d in %s: %s", step, self.directory,
+                               error)
+        return None
+
+    def _validated(self, step: int) -> tuple[list[RankFile], bytes]:
+        """Every rank's file checked against the manifest (so every rank picks the same
+        step); the entries and this rank's bytes."""
+        where = self.step_dir(step) / MANIFEST_FILE
+        entries = _parse_manifest(where, _read_limited(where), step, self.world_size)
+        mine = b""
+        for entry in entries:
+            data = self._verified_bytes(step, entry)
+            mine = data if entry.rank == self.rank else mine
+        return entries, mine
 
     def _verified_bytes(self, step: int, entry: RankFile) -> bytes:
         path = self.step_dir(step) / entry.name
