@@ -5,9 +5,13 @@ from typing import Any
 
 import numpy as np
 
+from dpgraph.errors import ShapeError
 from dpgraph.ir.arguments import MakeArgument
 from dpgraph.ir.blob_serde import numpy_to_tensor_proto, tensor_proto_to_numpy
+from dpgraph.ir.operator import CreateOperator
+from dpgraph.proto import caffe2_pb2
 from dpgraph.runtime import devices as _devices
+from dpgraph.runtime.api import RunOperatorOnce
 from dpgraph.runtime.api import current as _current_workspace
 
 OPTIMIZER_ITERATION_NAME = "optimizer_iteration"
@@ -125,6 +129,52 @@ def debug(f: Any) -> Any:
     return wrapper
 
 
+class DebugMode:
+    """``DebugMode.run(main)``: run ``main()``; on an unhandled exception (not Ctrl-C)
+    print it, enter ``pdb.post_mortem`` and exit with status 1."""
+
+    @classmethod
+    def run(cls, func: Any) -> Any:
+        import pdb
+        import sys
+
+        try:
+            return func()
+        except KeyboardInterrupt:
+            raise
+        except Exception:
+            print('Entering interactive debugger. Type "bt" to print the full stacktrace. '
+                  'Type "help" to see command listing.')
+            print(sys.exc_info()[1])
+            pdb.post_mortem()
+            sys.exit(1)
+
+
+def ResetBlobs(blobs: Any) -> None:
+    """Free ``blobs`` (a CPU ``Free`` op over them): they stay in the workspace, empty."""
+    names = [str(b) for b in blobs]
+    RunOperatorOnce(CreateOperator("Free", names, names,
+                                   device_option=caffe2_pb2.DeviceOption()))
+
+
+def NHWC2NCHW(tensor: Any) -> Any:
+    """An NHWC (channels-last) array as NCHW: a transposed view."""
+    _check_ndim(tensor, 1, "NHWC2NCHW")
+    return tensor.transpose((0, tensor.ndim - 1) + tuple(range(1, tensor.ndim - 1)))
+
+
+def NCHW2NHWC(tensor: Any) -> Any:
+    """An NCHW array as NHWC (channels-last): a transposed view."""
+    _check_ndim(tensor, 2, "NCHW2NHWC")
+    return tensor.transpose((0,) + tuple(range(2, tensor.ndim)) + (1,))
+
+
+def _check_ndim(tensor: Any, least: int, what: str) -> None:
+    if np.ndim(tensor) < least:
+        raise ShapeError(f"{what} needs an array of at least {least} dimensions, got shape "
+                         f"{np.shape(tensor)}.")
+
+
 def OpAlmostEqual(op_a: Any, op_b: Any, ignore_fields: Any = None) -> bool:
     """Whether two OperatorDefs are equal once the ``ignore_fields`` are cleared on both."""
     fields = ignore_fields or []
@@ -208,4 +258,5 @@ __all__ = ["ArgsToDict", "BuildUniqueMutexIter", "Caffe2TensorToNumpyArray",
            "raiseIfNotEqual",
            "CaffeBlobToNumpyArray", "GetGPUMemoryUsageStats", "ITERATION_MUTEX_NAME",
            "ITERATION_MUTEX_LR_NAME", "MakeArgument", "NumpyArrayToCaffe2Tensor",
-           "OPTIMIZER_ITERATION_LR_NAME", "OPTIMIZER_ITERATION_NAME"]
+           "OPTIMIZER_ITERATION_LR_NAME", "OPTIMIZER_ITERATION_NAME", "DebugMode",
+           "NCHW2NHWC", "NHWC2NCHW", "ResetBlobs"]

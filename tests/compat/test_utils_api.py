@@ -54,3 +54,22 @@ def test_args_to_dict_keeps_caffe2_raw_values() -> None:
             caffe2_pb2.Argument(i=7)]
     assert utils.ArgsToDict(args) == {"i": 3, "f": 4.0, "s": b"foo", "ints": [3, 4],
                                       "strs": [b"foo", b"bar"], "empty": None}
+
+
+def test_layout_conversions_and_reset_blobs() -> None:
+    import numpy as np
+
+    from dpgraph import workspace
+    from dpgraph.errors import ShapeError, WorkspaceError
+
+    x = np.arange(24).reshape(1, 2, 3, 4)
+    np.testing.assert_array_equal(utils.NHWC2NCHW(utils.NCHW2NHWC(x)), x)
+    assert utils.NCHW2NHWC(x).shape == (1, 3, 4, 2)
+    with pytest.raises(ShapeError, match="NCHW2NHWC"):
+        utils.NCHW2NHWC(np.zeros(3))
+    workspace.FeedBlob("to_free", np.ones(3, np.float32))
+    utils.ResetBlobs(["to_free"])
+    assert workspace.HasBlob("to_free")
+    with pytest.raises(WorkspaceError, match="empty"):
+        workspace.FetchBlob("to_free")
+    assert utils.DebugMode.run(lambda: 7) == 7
