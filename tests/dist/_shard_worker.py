@@ -25,13 +25,15 @@ def train(cfg: dict[str, Any], update: str, shard: bool, bucket_mb: Any = None,
     """This rank's model after ``iters`` iterations from ``start`` (a one-process run
     without a store; ``cfg["resume"]``: load that checkpoint first)."""
     workspace.ResetWorkspace()
+    if cfg.get("gpu"):
+        workspace.SetVirtualGpus(len(cfg["devices"]))
     rdv = mh.rendezvous(cfg)
     if rdv is not None:
         data_parallel_model._DEFAULT_TIMEOUT_SEC = cfg["timeout_ms"] / 1000
     model = model_helper.ModelHelper(name=f"shard_{update}")
     data_parallel_model.Parallelize(
         model, lambda m: None, mh.forward, devices=cfg["devices"], rendezvous=rdv,
-        cpu_device=True, barrier_net_timeout_sec=cfg["timeout_ms"] / 1000,
+        cpu_device=not cfg.get("gpu"), barrier_net_timeout_sec=cfg["timeout_ms"] / 1000,
         optimizer_builder_fun=optimizer_fun(update), shard_optimizer_state=shard,
         gradient_bucket_mb=bucket_mb)
     mh.initialize(model, cfg)
@@ -65,7 +67,7 @@ def scenario_shard(cfg: dict[str, Any]) -> dict[str, Any]:
         path = f"{cfg['store']['path']}_{update}_rank{cfg['rank']}.ckpt"
         names = checkpoint.save_model_checkpoint(model, path)
         entry["checkpoint"] = {n: workspace.FetchBlob(n).tolist() for n in names
-                               if n.startswith("cpu_0/")}
+                               if n.startswith(f"{model._device_prefix}_0/")}
         mh.feed(model, cfg, 0)
         data_parallel_model.RunNet(model, 1)  # releases the gathered copies
         entry["held_after"] = sorted(b for b in workspace.Blobs()
@@ -80,12 +82,14 @@ def scenario_shard(cfg: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
-def reference(devices: list[int], update: str, iters: int) -> dict[str, Any]:
+def reference(devices: list[int], update: str, iters: int, gpu: bool = False
+              ) -> dict[str, Any]:
     """The unsharded one-process run over every device: master params and state."""
     cfg = {"rank": 0, "size": 1, "devices": devices, "iters": iters, "store": None,
-           "timeout_ms": 20000}
+           "timeout_ms": 20000, "gpu": gpu}
     model = train(cfg, update, False)
-    blobs = {n: workspace.FetchBlob(n) for n in workspace.Blobs() if n.startswith("cpu_0/")}
+    master = f"{model._device_prefix}_0/"
+    blobs = {n: workspace.FetchBlob(n) for n in workspace.Blobs() if n.startswith(master)}
     return {"params": mh._params(model, 0), "blobs": blobs}
 
 
