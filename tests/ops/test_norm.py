@@ -51,10 +51,25 @@ def test_spatial_bn_training_matches_numpy(shape, order: str) -> None:
     expected = (x - mean.reshape(bshape)) * (inv * scale).reshape(bshape) + bias.reshape(bshape)
     np.testing.assert_allclose(y, expected, rtol=1e-9, atol=1e-12)
     np.testing.assert_allclose(new_rm, 0.8 * rm + 0.2 * mean)
-    np.testing.assert_allclose(new_rv, 0.8 * rv + 0.2 * var)
+    n = x.size // shape[1]
+    np.testing.assert_allclose(new_rv, 0.8 * rv + 0.2 * var * n / (n - 1))  # unbiased
     np.testing.assert_allclose(sm, mean)
     np.testing.assert_allclose(siv, inv)
     check_gradient(op, [x, scale, bias, rm, rv], inputs_to_check=[0, 1, 2], atol=1e-4)
+
+
+@pytest.mark.parametrize("num_batches", [1, 3])
+def test_spatial_bn_empty_batch_keeps_running_stats(num_batches: int) -> None:
+    x, scale, bias, rm, rv = bn_inputs((2, 3, 4), "NCHW")
+    inputs = [x[:0], scale, bias, rm, rv] + [np.zeros(3), np.zeros(3)] * (num_batches > 1)
+    op = make_op("SpatialBN", ["X", "s", "b", "rm", "rv", "sums", "sumsq"][:len(inputs)],
+                 ["Y", "rm", "rv", "sm", "siv"], num_batches=num_batches)
+    y, new_rm, new_rv, sm, siv = run_op(op, inputs)
+    assert y.shape == (0, 3, 4)
+    np.testing.assert_array_equal(new_rm, rm)
+    np.testing.assert_array_equal(new_rv, rv)
+    np.testing.assert_array_equal(sm, np.zeros(3))
+    np.testing.assert_array_equal(siv, np.zeros(3))
 
 
 @pytest.mark.parametrize("order", ["NCHW", "NHWC"])

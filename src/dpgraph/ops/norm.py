@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
+
 from dpgraph.ir.registry import register_gradient, register_op
 from dpgraph.ops._conv_util import channel_first, check_order
 from dpgraph.ops.context import OpContext, Outputs
@@ -70,6 +72,14 @@ def _batch_stats(ctx: OpContext, x: Any, axes: tuple[int, ...], c: int) -> tuple
     return mean, (centred * centred).mean(axis=axes)
 
 
+def _unbiased(var: Any, count: int) -> Any:
+    """The running variance blends the unbiased batch variance: ``var * n / (n - 1)``
+    (infinite scale for a single value, as in Caffe2)."""
+    scale = float("inf") if count == 1 else count / (count - 1)
+    with np.errstate(invalid="ignore"):
+        return var * scale
+
+
 @register_op("SpatialBN", inputs=(5, 7), outputs=(1, 5),
              inplace=[(0, 0), (3, 1), (4, 2), (5, 3), (6, 4)], shape=_same_shape(0, 3, 4, 3, 4))
 def spatial_bn(ctx: OpContext) -> Outputs:
@@ -89,13 +99,17 @@ def spatial_bn(ctx: OpContext) -> Outputs:
     if ctx.num_outputs != 5:
         raise ctx.fail("training mode (is_test=0) needs 5 outputs: Y, running_mean, "
                        "running_var, saved_mean, saved_inv_std")
+    dtype = x.dtype
+    if x.size == 0:  # an empty batch: running stats unchanged, saved stats zero
+        zeros = ctx.xp.zeros(c, dtype=dtype)
+        return x.copy(), running_mean.astype(dtype), running_var.astype(dtype), zeros, zeros
     mean, var = _batch_stats(ctx, x, axes, c)
     inv_std = (1.0 / ctx.xp.sqrt(var + eps)).astype(x.dtype)
     y = (x - mean.reshape(bshape)) * (scale * inv_std).reshape(bshape) + bias.reshape(bshape)
     momentum = ctx.float_arg("momentum", 0.9)
     new_mean = momentum * running_mean + (1.0 - momentum) * mean
-    new_var = momentum * running_var + (1.0 - momentum) * var
-    dtype = x.dtype
+    new_var = momentum * running_var + (1.0 - momentum) * _unbiased(var, x.size // c * max(
+        ctx.int_arg("num_batches", 1), 1))
     return (y.astype(dtype, copy=False), new_mean.astype(dtype), new_var.astype(dtype),
             mean.astype(dtype), inv_std)
 
