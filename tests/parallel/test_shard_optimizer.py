@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 from _dpm_updates import manual_sgd
-from _parallel_helpers import _set_params, feed_batch, mlp_forward, sparse_forward
+from _parallel_helpers import _set_params, bn_forward, feed_batch, mlp_forward, sparse_forward
 
 from dpgraph import core, data_parallel_model, model_helper, optimizer, workspace
 from dpgraph.errors import NotSupportedError, ParallelizeError
@@ -119,6 +119,9 @@ def test_other_updates_equal_to_unsharded(update: str) -> None:
     ({"use_nccl": True}, True),
     ({"accumulate_steps": 2}, False),
     ({"gradient_dtype": "float16"}, False),
+    ({"optimize_gradient_memory": True}, False),
+    ({"dynamic_memory_management": True}, False),
+    ({"forward": bn_forward, "combine_spatial_bn": True}, True),
 ])
 def test_combinations_equal_to_unsharded(extra: dict[str, Any], gpu: bool) -> None:
     devices = [0, 1, 2, 3]
