@@ -221,6 +221,37 @@ def test_graph_structure_on_gpus_with_nccl() -> None:
     assert sorted(lr.rsplit("_", 1)[1] for lr in lrs) == [f"gpu{d}" for d in range(4)]
 
 
+def test_graph_structure_across_hosts() -> None:
+    """Rank 1 of 2 hosts x 2 devices (built, not run): one Reduce per gradient to the
+    owner's host, updates and state only for this host's params, one Broadcast per param
+    from the owner's host with the owner's copy first."""
+    rdv = {"kv_handler": "store", "shard_id": 1, "num_shards": 2, "engine": "GLOO"}
+    model = build([0, 1], "momentum", rendezvous=rdv)
+    plan = model._shard_plan
+    assert plan.ranks == 4 and plan.host == 1
+    ops = list(model.net.Proto().op)
+    reduces = [op for op in ops if op.type == "Reduce"]
+    assert sorted(op.name for op in reduces) == sorted(plan.grads)
+    assert not [op for op in ops if op.type == "Allreduce"]
+    for op in reduces:
+        root = [a.i for a in op.arg if a.name == "root"]
+        assert root == [plan.host_of(plan.owner[plan.grads[op.name]])]
+        assert op.input[0].startswith("shard_reduce_") and list(op.input[1:]) == [
+            f"cpu_0/{op.name}", f"cpu_1/{op.name}"]
+    mine = {p for p, r in plan.owner.items() if plan.host_of(r) == 1}
+    updates = [op.input[3] for op in ops if op.type == "MomentumSGDUpdate"]
+    assert sorted(updates) == sorted(f"cpu_{plan.local_owner(p)}/{p}" for p in mine)
+    broadcasts = [op for op in ops if op.type == "Broadcast"]
+    assert [op.name for op in broadcasts] == sorted(plan.owner)
+    for op in broadcasts:
+        rank = plan.owner[op.name]
+        assert [a.i for a in op.arg if a.name == "root"] == [plan.host_of(rank)]
+        assert op.input[1] == f"cpu_{plan.device_of(rank)}/{op.name}"
+    init = [op.output[0] for op in model.param_init_net.Proto().op
+            if op.output and op.output[0].endswith("_momentum")]
+    assert sorted(init) == sorted(f"cpu_{plan.local_owner(p)}/{p}_momentum" for p in mine)
+
+
 def test_buckets_hold_one_owners_gradients() -> None:
     model = build([0, 1], "momentum", gradient_bucket_mb=1)
     plan = model._shard_plan
