@@ -113,9 +113,18 @@ def test_mul_gradient_structure() -> None:
         grads_of(CreateOperator("Mul", ["a", "b"], ["a"]))
 
 
-def test_div_gradient_refuses_broadcast() -> None:
-    with pytest.raises(GradientError, match="broadcast"):
-        grads_of(CreateOperator("Div", ["a", "b"], ["c"], broadcast=1))
+def test_div_gradient_structure_and_legacy_form() -> None:
+    """The final Caffe2: DivGradient([dC, A, B, C]) -> [dA, dB]; [B, C, dC] still runs."""
+    ops, _ = grads_of(CreateOperator("Div", ["a", "b"], ["c"], broadcast=1, axis=0))
+    assert [(o.type, list(o.input), list(o.output)) for o in ops] == [
+        ("DivGradient", ["c_grad", "a", "b", "c"], ["a_grad", "b_grad"])]
+    assert arguments_dict(ops[0].arg) == {"broadcast": 1, "axis": 0}
+    with pytest.raises(GradientError, match="over B"):
+        grads_of(CreateOperator("Div", ["a", "b"], ["b"]))
+    b, c, dc = rand(4, low=1.0, high=2.0), rand(3, 4), rand(3, 4)
+    da, db = run_op(CreateOperator("DivGradient", ["B", "C", "dC"], ["dA", "dB"]), [b, c, dc])
+    np.testing.assert_allclose(da, dc / b, rtol=1e-6)
+    np.testing.assert_allclose(db, (-dc * c / b).sum(axis=0), rtol=1e-5)
 
 
 @pytest.mark.parametrize("op_type", ["Add", "Sub", "Mul", "Div"])
@@ -124,9 +133,9 @@ def test_binary_gradients_numeric(op_type: str) -> None:
     check_gradient(CreateOperator(op_type, ["A", "B"], ["C"]), [a, b])
 
 
-@pytest.mark.parametrize("op_type", ["Add", "Sub", "Mul"])
+@pytest.mark.parametrize("op_type", ["Add", "Sub", "Mul", "Div"])
 def test_broadcast_gradients_numeric(op_type: str) -> None:
-    a, b = rand(2, 3, 4, dtype=np.float64), rand(3, dtype=np.float64)
+    a, b = rand(2, 3, 4, dtype=np.float64), rand(3, dtype=np.float64, low=0.5, high=2.0)
     check_gradient(CreateOperator(op_type, ["A", "B"], ["C"], broadcast=1, axis=1), [a, b])
 
 

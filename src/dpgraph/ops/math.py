@@ -221,19 +221,31 @@ def _mul_gradient(g: GradientBuilder) -> None:
 
 @register_gradient("Div")
 def _div_gradient(g: GradientBuilder) -> None:
-    if _has_arg(g, "broadcast"):
-        raise GradientError(f"Div {list(g.op.input)} -> {list(g.op.output)}: the gradient of "
-                            "Div with broadcasting is not supported (as in Caffe2); expand B "
-                            "to A's shape first.")
-    g.add("DivGradient", [g.I(1), g.O(0), g.GO(0)], [g.GI(0), g.GI(1)])
+    """The final Caffe2's ``DivGradient([dC, A, B, C]) -> [dA, dB]`` (forward args copied,
+    broadcasting included)."""
+    if g.O(0) == g.I(1):
+        raise GradientError(f"Gradient computation cannot be carried out if Div writes its "
+                            f"output over B: inputs {list(g.op.input)}, output {g.O(0)!r}; "
+                            f"write C to a new blob.")
+    g.add("DivGradient", [g.GO(0), g.I(0), g.I(1), g.O(0)], [g.GI(0), g.GI(1)])
 
 
-@register_op("DivGradient", inputs=3, outputs=2)
+@register_op("DivGradient", inputs=(3, 4), outputs=2)
 def div_gradient(ctx: OpContext) -> Outputs:
-    """[B, C, dC] -> [dA = dC / B, dB = -dC * C / B]."""
-    b, c, dc = ctx.inputs
-    da = as_dtype(ctx.xp, dc / b, dc.dtype)
-    return (da, as_dtype(ctx.xp, -da * c, dc.dtype))
+    """``[dC, A, B, C]`` (or the legacy ``[B, C, dC]``) -> ``[dA = dC / B,
+    dB = -dC * C / B]``, each summed down to its input's shape."""
+    xp = ctx.xp
+    if len(ctx.inputs) == 4:
+        dc, a, b, c = (xp.asarray(v) for v in ctx.inputs)
+        a_shape = a.shape
+    else:
+        b, c, dc = (xp.asarray(v) for v in ctx.inputs)
+        a_shape = dc.shape
+    b_view = xp.reshape(b, binary_operands_shape(ctx, c, b))
+    quotient = dc / b_view
+    da = reduce_to_shape(xp, xp.broadcast_to(quotient, dc.shape), a_shape)
+    db = reduce_to_shape(xp, -quotient * c, b_view.shape)
+    return (as_dtype(xp, da, dc.dtype), as_dtype(xp, xp.reshape(db, b.shape), dc.dtype))
 
 
 @register_op("SumReduceLike", inputs=2, outputs=1, shape=same_as_input(1))
