@@ -432,7 +432,7 @@ OP_CASES = [
             {"x": np.ones((1, 1, 4, 4), F32)}, ArgumentError, ("kernel=[0, 0]",), "hint:",
             kernel=0),
     op_case("dropout_ratio", "Dropout", ["x"], ["y", "mask"], {"x": X23}, ArgumentError,
-            ("ratio 2.0",), "must be in [0, 1)", ratio=2.0),
+            ("ratio 2.0",), "must be in [0, 1]", ratio=2.0),
     op_case("softmax_axis", "Softmax", ["x"], ["y"], {"x": X23}, ShapeError,
             ("axis 5",), "hint:", axis=5),
     op_case("sparse_lengths_sum_lengths", "SparseLengthsSum", ["d", "i", "l"], ["y"],

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import dpgraph.ops  # noqa: F401  (registers every family)
-from dpgraph.errors import GradientError
+from dpgraph.errors import ArgumentError, GradientError
 from dpgraph.ir.arguments import arguments_dict
 from dpgraph.ir.operator import CreateOperator
 from dpgraph.ir.registry import OPERATORS
@@ -188,3 +188,16 @@ def test_log_softmax_matches_reference_and_gradient() -> None:
     np.testing.assert_allclose(y, expected.reshape(x.shape), rtol=1e-5, atol=1e-6)
     assert y.dtype == np.float32
     check_gradient(op, [x])
+
+
+def test_dropout_ratio_one_drops_everything() -> None:
+    x = np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32)
+    op = CreateOperator("Dropout", ["X"], ["Y", "mask"], ratio=1.0)
+    y, mask = run_op(op, [x])
+    np.testing.assert_array_equal(y, np.zeros_like(x))
+    assert mask.dtype == bool and not mask.any()
+    (dx,) = run_op(CreateOperator("DropoutGrad", ["dY", "mask"], ["dX"], ratio=1.0),
+                   [np.ones_like(x), mask])
+    np.testing.assert_array_equal(dx, np.zeros_like(x))
+    with pytest.raises(ArgumentError, match=r"\[0, 1\]"):
+        run_op(CreateOperator("Dropout", ["X"], ["Y"], ratio=1.5), [x])

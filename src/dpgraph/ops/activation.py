@@ -298,9 +298,14 @@ def _dropout_infer(op: Any, in_shapes: Any, in_types: Any) -> list[Any]:
 
 def _ratio(ctx: OpContext) -> float:
     ratio = ctx.float_arg("ratio", 0.5)
-    if not 0.0 <= ratio < 1.0:
-        raise ArgumentError(ctx.describe(f"ratio {ratio} must be in [0, 1)"))
+    if not 0.0 <= ratio <= 1.0:
+        raise ArgumentError(ctx.describe(f"ratio {ratio} must be in [0, 1]"))
     return ratio
+
+
+def _keep_scale(ratio: float) -> float:
+    """1 / (1 - ratio); 0 when everything is dropped (ratio 1), as in Caffe2."""
+    return 0.0 if ratio >= 1.0 else 1.0 / (1.0 - ratio)
 
 
 @register_op("Dropout", inputs=1, outputs=(1, 2), inplace=[(0, 0)], shape=_dropout_infer)
@@ -314,7 +319,7 @@ def dropout(ctx: OpContext) -> Outputs:
         outputs = [x.copy(), xp.ones(x.shape, dtype=bool)]
     else:
         mask = xp.asarray(ctx.rng.uniform(0.0, 1.0, size=x.shape) >= ratio)
-        outputs = [as_dtype(xp, x * mask * (1.0 / (1.0 - ratio)), x.dtype), mask]
+        outputs = [as_dtype(xp, x * mask * _keep_scale(ratio), x.dtype), mask]
     return tuple(outputs[:ctx.num_outputs])
 
 
@@ -326,7 +331,7 @@ def dropout_grad(ctx: OpContext) -> Outputs:
         return (dy.copy(),)
     if len(ctx.inputs) < 2:
         raise ctx.fail("training-mode DropoutGrad needs the mask input")
-    scale = 1.0 / (1.0 - _ratio(ctx))
+    scale = _keep_scale(_ratio(ctx))
     return (as_dtype(ctx.xp, dy * ctx.inputs[1] * scale, dy.dtype),)
 
 
