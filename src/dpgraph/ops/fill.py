@@ -328,7 +328,7 @@ def range_op(ctx: OpContext) -> Outputs:
     start, stop, step = ([0, *values, 1] if len(values) == 1 else
                          [*values, 1] if len(values) == 2 else values)
     if step == 0:
-        raise ArgumentError(ctx.describe("step must be non-zero"))
+        raise ArgumentError(ctx.describe("Step size cannot be 0; pass a non-zero step"))
     count = max(0, int(np.ceil((stop - start) / step)))
     check_tensor_size([count], dtype.itemsize, ctx.describe("Range output"))
     return (ctx.xp.asarray(np.arange(count, dtype=dtype) * dtype.type(step) + dtype.type(start)),)
