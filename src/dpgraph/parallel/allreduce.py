@@ -70,7 +70,7 @@ def broadcast_computed_params(state: ParallelState) -> None:
         broadcast(state, state.model.net, name, state.config.use_nccl)
 
 
-def _sum_tree(count: int) -> list[tuple[int, ...]]:
+def sum_tree(count: int) -> list[tuple[int, ...]]:
     """Index groups of the Sum ops, in order: pairwise trees for 4/8/16, else flat."""
     if count in (4, 8, 16):
         steps: list[tuple[int, ...]] = []
@@ -92,7 +92,7 @@ def _dense_gpu(state: ParallelState, net: Any, name: str, control: Any,
                           device_option(dtype, state.master),
                           control_input=[control] if control is not None else None))
         return
-    for indices in _sum_tree(len(blobs)):
+    for indices in sum_tree(len(blobs)):
         devices = [state.devices[i] for i in indices]
         inputs = [blobs[i] for i in indices]
         option = device_option(dtype, devices[0])

@@ -57,7 +57,7 @@ def _rendezvous(state: ParallelState) -> Rendezvous:
     return rendezvous
 
 
-def _context(state: ParallelState, name: str, max_ops: int,
+def collective_context(state: ParallelState, name: str, max_ops: int,
              init_net: Net | None = None) -> CollectivesConcurrencyControl:
     return concurrency_control(
         name, max_ops, state.model.param_init_net if init_net is None else init_net,
@@ -69,13 +69,13 @@ def is_gloo(rendezvous: Rendezvous) -> bool:
     return rendezvous.engine.upper() == "GLOO"
 
 
-def _master_option(state: ParallelState) -> caffe2_pb2.DeviceOption:
+def master_option(state: ParallelState) -> caffe2_pb2.DeviceOption:
     return device_option(state.config.device_type, state.master)
 
 
-def _blob_option(state: ParallelState, name: str) -> caffe2_pb2.DeviceOption:
+def blob_option(state: ParallelState, name: str) -> caffe2_pb2.DeviceOption:
     """The master device for GPU blobs, the CPU otherwise (Caffe2's ``_SyncAllParams``)."""
-    return _master_option(state) if state.is_gpu_blob(name) else device_option(CPU, 0)
+    return master_option(state) if state.is_gpu_blob(name) else device_option(CPU, 0)
 
 
 def _copies(state: ParallelState, name: str) -> list[str]:
@@ -103,14 +103,14 @@ def _gloo_allreduce(state: ParallelState, net: Net, context: CollectivesConcurre
     rendezvous = _rendezvous(state)
     blobs = _copies(state, name)
     world, control = context.get_control_and_context([blobs[0]])
-    emit(net, make_op("Allreduce", [world, *blobs], blobs, _master_option(state), name=name,
+    emit(net, make_op("Allreduce", [world, *blobs], blobs, master_option(state), name=name,
                       engine=rendezvous.engine, control_input=control,
                       gpu_direct=rendezvous.transport == "ibverbs"))
 
 
 def _local_reduce(state: ParallelState, blobs: list[str], control: str | None) -> Any:
     """The sum of the local copies into the master copy (NCCLAllreduce on GPUs)."""
-    option = _master_option(state)
+    option = master_option(state)
     if state.config.is_gpu:
         return make_op("NCCLAllreduce", blobs, blobs, option,
                        control_input=[control] if control else None)
@@ -124,7 +124,7 @@ def _staged_allreduce(state: ParallelState, net: Net, context: CollectivesConcur
     rendezvous = _rendezvous(state)
     blobs = _copies(state, name)
     master, reduced = blobs[0], f"{blobs[0]}_red"
-    option = _master_option(state)
+    option = master_option(state)
     emit(net, make_op("ConstantFill", [master], [reduced], option, value=0.0),
          _local_reduce(state, blobs, control), make_op("Copy", [master], [reduced], option))
     world, world_control = context.get_control_and_context([reduced])
@@ -138,7 +138,7 @@ def _staged_allreduce(state: ParallelState, net: Net, context: CollectivesConcur
 def allreduce(state: ParallelState, names: Sequence[str], net: Net) -> None:
     """Caffe2's ``_AllReduceBlobsDistributed``: sum ``names`` over devices and hosts."""
     rendezvous = _rendezvous(state)
-    context = _context(state, "allreduce", state.config.effective_max_concurrent_ops)
+    context = collective_context(state, "allreduce", state.config.effective_max_concurrent_ops)
     control: str | None = None
     for name in names:
         _check_dense(state, name)
@@ -154,7 +154,7 @@ def _gloo_broadcast(state: ParallelState, net: Net, context: CollectivesConcurre
     """One Broadcast of rank 0's master copy into every copy on every host."""
     blobs = _copies(state, name)
     world, control = context.get_control_and_context(blobs)
-    emit(net, make_op("Broadcast", [world, *blobs], blobs, _blob_option(state, name), name=name,
+    emit(net, make_op("Broadcast", [world, *blobs], blobs, blob_option(state, name), name=name,
                       engine=_rendezvous(state).engine, control_input=control))
 
 
@@ -164,7 +164,7 @@ def _staged_broadcast(state: ParallelState, net: Net, context: CollectivesConcur
     master = _copies(state, name)[0]
     staged = f"{master}cpu"
     gpu = state.is_gpu_blob(name)
-    option = _blob_option(state, name)
+    option = blob_option(state, name)
     emit(net, make_op("CopyGPUToCPU" if gpu else "Copy", [master], [staged], option))
     world, control = context.get_control_and_context([staged])
     emit(net, make_op("Broadcast", [world, staged], [staged], device_option(CPU, 0),
@@ -186,7 +186,7 @@ def _broadcast_context(state: ParallelState, init_net: Net | None,
     ``model._broadcast_context``, published from the state): later syncs reuse its common
     worlds and chains."""
     if state.broadcast_context is None:
-        state.broadcast_context = _context(state, "broadcast", max_ops, init_net)
+        state.broadcast_context = collective_context(state, "broadcast", max_ops, init_net)
     return state.broadcast_context
 
 
@@ -204,7 +204,8 @@ def broadcast_computed_params(state: ParallelState) -> None:
     names = state.computed_param_names
     if not names:
         return
-    context = _context(state, "broadcast_computed", state.config.effective_max_concurrent_ops)
+    context = collective_context(state, "broadcast_computed",
+                                 state.config.effective_max_concurrent_ops)
     _broadcast_all(state, state.model.net, context, names)
 
 

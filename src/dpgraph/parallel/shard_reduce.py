@@ -19,7 +19,7 @@ from typing import Any
 
 from dpgraph.parallel import multihost
 from dpgraph.parallel._emit import device_option, emit, make_op
-from dpgraph.parallel.allreduce import _sum_tree, peer_access_pattern
+from dpgraph.parallel.allreduce import peer_access_pattern, sum_tree
 from dpgraph.parallel.buckets import Reducer
 from dpgraph.parallel.collectives_control import CollectivesConcurrencyControl
 from dpgraph.parallel.state import ParallelState
@@ -60,7 +60,7 @@ def _gpu_sum(state: ParallelState, net: Any, name: str, blobs: list[str], owner:
     devices = list(state.devices)
     pattern = peer_access_pattern(state)
     dtype = state.config.device_type
-    steps = _sum_tree(len(blobs))
+    steps = sum_tree(len(blobs))
     for number, indices in enumerate(steps):
         inputs = [blobs[i] for i in indices]
         output_device = owner if number == len(steps) - 1 else devices[indices[0]]
@@ -93,7 +93,7 @@ def _reduce_local(state: ParallelState, net: Any, name: str, owner: int) -> None
 
 
 def _context(state: ParallelState, name: str) -> CollectivesConcurrencyControl:
-    return multihost._context(state, name, state.config.effective_max_concurrent_ops)
+    return multihost.collective_context(state, name, state.config.effective_max_concurrent_ops)
 
 
 def _reduce_across_hosts(state: ParallelState, net: Any, names: Sequence[tuple[str, int]]
@@ -105,7 +105,7 @@ def _reduce_across_hosts(state: ParallelState, net: Any, names: Sequence[tuple[s
     for name, rank in names:
         blobs = _copies(state, name)
         world, control = context.get_control_and_context([blobs[0]])
-        emit(net, make_op("Reduce", [world, *blobs], blobs, multihost._master_option(state),
+        emit(net, make_op("Reduce", [world, *blobs], blobs, multihost.master_option(state),
                           name=name, engine=rendezvous.engine, control_input=control,
                           root=plan.host_of(rank)))
 
@@ -149,7 +149,7 @@ def _broadcast_across_hosts(state: ParallelState, net: Any,
     ordered = [first, *[b for b in blobs if b != first]]
     world, control = context.get_control_and_context(ordered)
     emit(net, make_op("Broadcast", [world, *ordered], ordered,
-                      multihost._blob_option(state, name), name=name,
+                      multihost.blob_option(state, name), name=name,
                       engine=rendezvous.engine, control_input=control,
                       root=plan.host_of(rank)))
 
