@@ -257,3 +257,31 @@ def test_outputs_never_share_the_input_memory_unless_in_place(op_type, args, out
     assert not any(np.shares_memory(out, x) for out in outs)
     (same, *_) = run_op(CreateOperator(op_type, ["x"], ["x", *outputs[1:]], **args), [x])
     assert np.shares_memory(same, x)  # in place: no copy needed
+
+
+def test_reshape_of_empty_tensors_keeps_zero_dims() -> None:
+    for old, new, expected in [((0,), [0, -1], (0, 0)), ((2, 0), [-1, 0], (0, 0)),
+                               ((0,), [1, -1], (1, 0)), ((4, 2, 1), [0, -1, 0], (4, 2, 1)),
+                               ((1, 0), [0], (0,))]:
+        out, old_shape = run_op(CreateOperator("Reshape", ["X"], ["Y", "s"], shape=new),
+                                [np.zeros(old, np.float32)])
+        assert out.shape == expected and old_shape.tolist() == list(old)
+    with pytest.raises(ShapeError, match="zero size"):
+        run_op(CreateOperator("Reshape", ["X"], ["Y", "s"], shape=[-1, 0, 3]),
+               [np.zeros(3, np.float32)])
+
+
+def test_lengths_to_shape_and_scaled_split_by_lengths() -> None:
+    (shape,) = run_op(CreateOperator("LengthsToShape", ["l"], ["s"]),
+                      [np.array([200, 200, 200], np.int32)])
+    assert shape.dtype == np.int32 and shape.tolist() == [3, 200]
+    with pytest.raises(ShapeError, match="equal"):
+        run_op(CreateOperator("LengthsToShape", ["l"], ["s"]), [np.array([1, 2], np.int32)])
+    data = np.arange(12, dtype=np.float32)
+    a, b = run_op(CreateOperator("SplitByLengths", ["d", "l"], ["a", "b"],
+                                 use_scaling_lengths=1), [data, np.array([1, 2], np.int32)])
+    np.testing.assert_array_equal(a, data[:4])
+    np.testing.assert_array_equal(b, data[4:])
+    empty = run_op(CreateOperator("SplitByLengths", ["d", "l"], ["a", "b"],
+                                  use_scaling_lengths=1), [data[:0], np.array([1, 1], np.int32)])
+    assert [e.shape for e in empty] == [(0,), (0,)]

@@ -77,19 +77,30 @@ def resize_like(ctx: OpContext) -> Outputs:
 
 
 def resolve_shape(ctx: OpContext, old: Sequence[int], new: Sequence[int]) -> tuple[int, ...]:
-    """Caffe2's Reshape rules: 0 copies the old dim, one -1 is inferred."""
-    shape = [old[i] if d == 0 and i < len(old) else d for i, d in enumerate(new)]
+    """Caffe2's Reshape rules: 0 copies the old dim (of a non-empty input), one -1 is
+    inferred (0 for an empty input)."""
+    shape = _with_copied_dims(old, new)
     if shape.count(-1) > 1:
         raise ArgumentError(ctx.describe(f"at most one -1 in the new shape, got {list(new)}"))
     total = int(np.prod(old))
+    known = int(np.prod([d for d in shape if d != -1]))
+    if known == 0 and total != 0:
+        raise ctx.fail(f"cannot reshape {tuple(old)} ({total} elements) to zero size {shape}")
     if -1 in shape:
-        known = int(np.prod([d for d in shape if d != -1]))
-        if known == 0 or total % known:
+        if total and total % known:
             raise ctx.fail(f"cannot infer -1 in {list(new)} from {total} elements")
-        shape[shape.index(-1)] = total // known
+        shape[shape.index(-1)] = total // known if total else 0
     if int(np.prod(shape)) != total:
         raise ctx.fail(f"cannot reshape {tuple(old)} ({total} elements) to {shape}")
     return tuple(shape)
+
+
+def _with_copied_dims(old: Sequence[int], new: Sequence[int]) -> list[int]:
+    """``new`` with each 0 replaced by the old dim at its position; an empty input keeps
+    its zeros (they are real sizes then), as in Caffe2."""
+    if int(np.prod(old)) == 0:
+        return [int(d) for d in new]
+    return [int(old[i]) if d == 0 and i < len(old) else int(d) for i, d in enumerate(new)]
 
 
 def _reshape_infer(op: Any, in_shapes: Sequence[Any], in_types: Sequence[Any]) -> list[Any]:
@@ -98,7 +109,7 @@ def _reshape_infer(op: Any, in_shapes: Sequence[Any], in_types: Sequence[Any]) -
     if in_shapes[0] is None or len(op.input) > 1 or not isinstance(new, list):
         return [None, old_shape]
     old = [int(d) for d in in_shapes[0]]
-    shape = [old[i] if d == 0 and i < len(old) else int(d) for i, d in enumerate(new)]
+    shape = _with_copied_dims(old, new)
     if shape.count(-1) == 1:
         known = int(np.prod([d for d in shape if d != -1]))
         shape[shape.index(-1)] = int(np.prod(old)) // known if known else 0
@@ -331,6 +342,8 @@ def split_by_lengths(ctx: OpContext) -> Outputs:
     axis = ctx.int_arg("axis", 0)
     per = len(lengths) // ctx.num_outputs
     sizes = [sum(lengths[k * per:(k + 1) * per]) for k in range(ctx.num_outputs)]
+    if ctx.int_arg("use_scaling_lengths", 0):
+        sizes = [size * _length_scale(ctx, data.shape[axis], sum(sizes)) for size in sizes]
     if sum(sizes) != data.shape[axis]:
         raise ctx.fail(f"lengths sum to {sum(sizes)} but data has {data.shape[axis]} "
                        f"entries on axis {axis}")
@@ -339,7 +352,26 @@ def split_by_lengths(ctx: OpContext) -> Outputs:
                  for index, p in enumerate(parts))
 
 
+def _length_scale(ctx: OpContext, entries: int, total: int) -> int:
+    """``use_scaling_lengths``: each length counts ``entries / sum(lengths)`` entries."""
+    if total == 0:
+        return 1
+    if entries % total:
+        raise ctx.fail(f"use_scaling_lengths: data has {entries} entries, not a multiple of "
+                       f"the lengths' sum {total}")
+    return entries // total
+
+
 register_gradient("SplitByLengths")(_concat_of_output_grads)
+
+
+@register_op("LengthsToShape", inputs=1, outputs=1)
+def lengths_to_shape(ctx: OpContext) -> Outputs:
+    """N equal lengths -> the int32 shape ``[N, length]`` of the matrix they make."""
+    lengths = _host_ints(ctx.inputs[0])
+    if len(set(lengths)) > 1:
+        raise ctx.fail(f"all lengths must be equal to form a matrix, got {lengths}")
+    return (np.asarray([len(lengths), lengths[0] if lengths else 0], dtype=np.int32),)
 
 
 # --- Slice -------------------------------------------------------------------------------
