@@ -88,24 +88,23 @@ def validate_params(params: Sequence[Any]) -> None:
 
 
 def _map_ops(ops: Sequence[caffe2_pb2.OperatorDef], mapping: dict[str, Any]) -> None:
-    """First op (in order) touching a blob wins; ops are visited in reverse so that
-    plain dict updates (last write wins) give that result in one linear sweep."""
+    """Each blob not in ``mapping`` yet takes the device option of the first op (in order)
+    that reads or writes it (``Iter`` counts as CPU); a RecurrentNetwork op's step nets
+    come right after its own blobs, the last step net first."""
     cpu = caffe2_pb2.DeviceOption()
     cpu.device_type = caffe2_pb2.PROTO_CPU
-    local: dict[str, Any] = {}
-    update, fromkeys = local.update, dict.fromkeys
-    for op in reversed(ops):
+    for op in ops:
         op_type = op.type
         option = cpu if op_type == "Iter" else op.device_option
+        for blob in op.input:
+            if blob not in mapping:
+                mapping[blob] = option
+        for blob in op.output:
+            if blob not in mapping:
+                mapping[blob] = option
         if op_type.startswith("RecurrentNetwork"):
-            for arg in op.arg:
-                if arg.name.endswith("step_net"):
-                    step: dict[str, Any] = {}
-                    _map_ops(arg.n.op, step)
-                    update(step)
-        update(fromkeys([*op.output, *op.input], option))
-    local.update(mapping)
-    mapping.update(local)
+            for arg in reversed([a for a in op.arg if a.name.endswith("step_net")]):
+                _map_ops(arg.n.op, mapping)
 
 
 def infer_blob_device(state: ParallelState) -> None:
