@@ -285,3 +285,12 @@ def test_lengths_to_shape_and_scaled_split_by_lengths() -> None:
     empty = run_op(CreateOperator("SplitByLengths", ["d", "l"], ["a", "b"],
                                   use_scaling_lengths=1), [data[:0], np.array([1, 1], np.int32)])
     assert [e.shape for e in empty] == [(0,), (0,)]
+
+
+def test_scalars_stay_zero_dimensional_through_split_and_transpose() -> None:
+    op = CreateOperator("Concat", ["a", "b"], ["y", "info"], axis=-1, add_axis=1)
+    y, info = run_op(op, [np.array(1.0), np.array(2.0)])
+    ops, _ = build_gradient(op, ["y_grad"])
+    assert [g.shape for g in run_op(ops[0], [y, info])] == [(), ()]
+    (t,) = run_op(CreateOperator("Transpose", ["x"], ["y"]), [np.array(3.0)])
+    assert t.shape == ()

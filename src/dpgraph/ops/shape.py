@@ -160,7 +160,7 @@ def _transpose_infer(op: Any, in_shapes: Sequence[Any], in_types: Sequence[Any])
 def transpose(ctx: OpContext) -> Outputs:
     """Permute dims by ``axes`` (default: reverse them)."""
     x = ctx.xp.asarray(ctx.inputs[0])
-    return (detached(ctx, ctx.xp.ascontiguousarray(ctx.xp.transpose(x, _axes(ctx, x.ndim)))),)
+    return (detached(ctx, ctx.xp.asarray(ctx.xp.transpose(x, _axes(ctx, x.ndim)), order="C")),)
 
 
 @register_gradient("Transpose", copy_arguments=False)
@@ -192,7 +192,7 @@ def nhwc2nchw(ctx: OpContext) -> Outputs:
     if x.ndim < 3:
         raise ctx.fail(f"input must have rank >= 3, got {x.shape}")
     perm = (0, x.ndim - 1) + tuple(range(1, x.ndim - 1))
-    return (detached(ctx, ctx.xp.ascontiguousarray(ctx.xp.transpose(x, perm))),)
+    return (detached(ctx, ctx.xp.asarray(ctx.xp.transpose(x, perm), order="C")),)
 
 
 @register_op("NCHW2NHWC", inputs=1, outputs=1, shape=_layout_infer((0, 2, 3, 1)))
@@ -202,7 +202,7 @@ def nchw2nhwc(ctx: OpContext) -> Outputs:
     if x.ndim < 3:
         raise ctx.fail(f"input must have rank >= 3, got {x.shape}")
     perm = (0,) + tuple(range(2, x.ndim)) + (1,)
-    return (detached(ctx, ctx.xp.ascontiguousarray(ctx.xp.transpose(x, perm))),)
+    return (detached(ctx, ctx.xp.asarray(ctx.xp.transpose(x, perm), order="C")),)
 
 
 @register_gradient("NHWC2NCHW")
@@ -305,7 +305,7 @@ def split(ctx: OpContext) -> Outputs:
     parts = xp.split(x, bounds, axis=axis)
     if add_axis:
         parts = [xp.squeeze(p, axis=axis) for p in parts]
-    return tuple(detached(ctx, xp.ascontiguousarray(p), 0, index)
+    return tuple(detached(ctx, xp.asarray(p, order="C"), 0, index)
                  for index, p in enumerate(parts))
 
 
@@ -348,7 +348,7 @@ def split_by_lengths(ctx: OpContext) -> Outputs:
         raise ctx.fail(f"lengths sum to {sum(sizes)} but data has {data.shape[axis]} "
                        f"entries on axis {axis}")
     parts = xp.split(data, np.cumsum(sizes)[:-1].tolist(), axis=axis)
-    return tuple(detached(ctx, xp.ascontiguousarray(p), 0, index)
+    return tuple(detached(ctx, xp.asarray(p, order="C"), 0, index)
                  for index, p in enumerate(parts))
 
 
