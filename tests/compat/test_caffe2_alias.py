@@ -178,3 +178,37 @@ def test_runner_installs_the_alias_in_child_python_processes(tmp_path: Path) -> 
     out = subprocess.run([sys.executable, "-m", "dpgraph.compat.caffe2", str(parent)],
                          capture_output=True, text=True, check=True)
     assert "CHILD dpgraph.workspace" in out.stdout
+
+
+def test_caffe2_tree_modules_dpgraph_lacks_load_from_the_tree(installed, tmp_path: Path,
+                                                               monkeypatch) -> None:
+    """Caffe2's tests run from a checkout: their helpers (caffe2.python.test.*_util) load
+    from the tree; every module dpgraph provides still comes from dpgraph."""
+    tree = tmp_path / "caffe2" / "python"
+    (tree / "test").mkdir(parents=True)
+    (tree / "test" / "__init__.py").write_text("")
+    (tree / "test" / "helper_util.py").write_text(
+        "from caffe2.python import core\nVALUE = core.ScopedName('x')\n")
+    (tree / "core.py").write_text("raise AssertionError('the tree must not shadow dpgraph')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    helper = importlib.import_module("caffe2.python.test.helper_util")
+    assert helper.VALUE == "x" and helper.__file__ == str(tree / "test" / "helper_util.py")
+    assert importlib.import_module("caffe2.python.core") is importlib.import_module(
+        "dpgraph.core")
+    with pytest.raises(ImportError):
+        importlib.import_module("caffe2.python.test.no_such_helper")
+
+
+def test_c_extension_module_names_are_workspace_c(installed) -> None:
+    from dpgraph import workspace
+
+    for name in ("_import_c_extension", "caffe2_pybind11_state"):
+        assert importlib.import_module(f"caffe2.python.{name}") is workspace.C
+
+
+def test_numpy_2_removed_dtype_aliases_are_back() -> None:
+    import numpy as np
+
+    alias.install()
+    assert np.unicode_ is np.str_ and np.float_ is np.float64 and np.NaN != np.NaN
+    assert np.product([2, 3]) == 6

@@ -407,3 +407,9 @@ def test_conv_weight_gradient_sum_is_bitwise_the_batched_sum(batch: int) -> None
     a = rng.standard_normal((batch, 2, 3, 7)).astype(np.float32)
     b = rng.standard_normal((batch, 2, 7, 4)).astype(np.float32)
     np.testing.assert_array_equal(summed_matmul(np, a, b), np.matmul(a, b).sum(axis=0))
+
+
+def test_conv_kernel_larger_than_input_fails_even_for_an_empty_batch() -> None:
+    op = make_op("Conv", ["X", "W"], ["Y"], kernel=3)
+    with pytest.raises(ShapeError, match="larger than the padded input"):
+        run_op(op, [np.zeros((0, 1, 2, 2), np.float32), np.zeros((1, 1, 3, 3), np.float32)])

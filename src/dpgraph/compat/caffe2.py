@@ -28,6 +28,8 @@ from typing import Any
 _PACKAGES = ("caffe2", "caffe2.python", "caffe2.proto")
 _SPECIAL = {
     "caffe2.proto": "dpgraph.proto",
+    "caffe2.python._import_c_extension": "dpgraph.runtime.c_api",
+    "caffe2.python.caffe2_pybind11_state": "dpgraph.runtime.c_api",
     "caffe2.python.helpers": "dpgraph.modeling.brew",
     "caffe2.python.modeling": "dpgraph.modeling",
 }
@@ -85,14 +87,53 @@ class Caffe2AliasFinder(importlib.abc.MetaPathFinder):
         dp_name = target_of(fullname)
         if dp_name is None:
             return None
-        target_spec = importlib.util.find_spec(dp_name)
+        target_spec = _find_dpgraph_spec(dp_name)
         if target_spec is None:
-            return None
+            return _caffe2_tree_spec(fullname)
         # mirror the target's package-ness, or the import system would give a plain
         # module a __path__
         return importlib.machinery.ModuleSpec(
             fullname, _AliasLoader(dp_name),
             is_package=target_spec.submodule_search_locations is not None)
+
+
+def _find_dpgraph_spec(name: str) -> importlib.machinery.ModuleSpec | None:
+    try:
+        return importlib.util.find_spec(name)
+    except ModuleNotFoundError:  # a parent package dpgraph does not have
+        return None
+
+
+def _caffe2_tree_spec(fullname: str) -> importlib.machinery.ModuleSpec | None:
+    """A ``caffe2.python`` module dpgraph does not provide, from a Caffe2 source tree on
+    ``sys.path`` (Caffe2's own test files and their helpers, e.g.
+    ``caffe2.python.test.executor_test_util``), so its tests run from a checkout as they
+    are; dpgraph's modules always win."""
+    if not fullname.startswith("caffe2.python."):
+        return None
+    parts = fullname.split(".")[2:]
+    for root in _caffe2_python_dirs():
+        spec = importlib.machinery.PathFinder.find_spec(
+            fullname, [os.path.join(root, *parts[:-1])])
+        if spec is not None:
+            return spec
+    return None
+
+
+def _caffe2_python_dirs() -> list[str]:
+    """The ``caffe2/python`` folders of Caffe2 source trees reachable from ``sys.path``:
+    ``<entry>/caffe2/python``, or an entry inside such a folder."""
+    found: list[str] = []
+    for entry in sys.path:
+        path = os.path.abspath(entry or os.getcwd())
+        candidates = [os.path.join(path, "caffe2", "python")]
+        while os.path.basename(path) and path != os.path.dirname(path):
+            if os.path.basename(path) == "python" and \
+                    os.path.basename(os.path.dirname(path)) == "caffe2":
+                candidates.append(path)
+            path = os.path.dirname(path)
+        found += [c for c in candidates if c not in found and os.path.isdir(c)]
+    return found
 
 
 _FINDER = Caffe2AliasFinder()
@@ -122,6 +163,10 @@ def install() -> None:
 _NUMPY_ALIASES: dict[str, Any] = {
     "str": str, "float": float, "int": int, "object": object, "bool": bool,
     "long": int, "unicode": str, "asscalar": lambda a: a.item(),
+    "unicode_": "str_", "string_": "bytes_", "float_": "float64", "complex_": "complex128",
+    "Inf": "inf", "Infinity": "inf", "NaN": "nan", "infty": "inf", "PINF": "inf",
+    "product": "prod", "cumproduct": "cumprod", "sometrue": "any", "alltrue": "all",
+    "round_": "round",
 }
 
 
@@ -131,8 +176,8 @@ def _restore_numpy_aliases() -> None:
     import numpy as np
 
     for name, value in _NUMPY_ALIASES.items():
-        if name not in np.__dict__:
-            setattr(np, name, value)
+        if name not in np.__dict__:  # a string names numpy's own current spelling
+            setattr(np, name, getattr(np, value) if isinstance(value, str) else value)
 
 
 def uninstall() -> None:

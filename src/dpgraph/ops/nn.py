@@ -316,7 +316,7 @@ def _conv_setup(ctx: OpContext, x: Any, w: Any) -> tuple[str, Any, Any, cu.Geome
     geom = cu.parse_geometry(ctx, xc.shape[2:], kernel_shape=wc.shape[2:])
     if wc.shape[2:] != geom.kernel:
         raise ctx.fail(f"filter {w.shape} does not match kernel {geom.kernel}")
-    if xc.size and any(o < 1 for o in geom.out_shape(xc.shape[2:])):
+    if any(o < 1 for o in geom.out_shape(xc.shape[2:])):  # even for an empty batch
         raise ctx.fail(f"kernel {geom.kernel} (dilation {geom.dilation}) is larger than the "
                        f"padded input {x.shape}; use a smaller kernel or more padding")
     return order, xc, wc, geom
