@@ -48,7 +48,8 @@ def _names(fun) -> list[str]:
 DPGRAPH_EXTRAS = [("gradient_bucket_mb", None)]
 #: Parallelize only: gradient accumulation and compressed gradients (after the shared extras)
 PARALLELIZE_EXTRAS = DPGRAPH_EXTRAS + [
-    ("accumulate_steps", 1), ("gradient_dtype", None), ("gradient_error_feedback", False)]
+    ("accumulate_steps", 1), ("gradient_dtype", None), ("gradient_error_feedback", False),
+    ("shard_optimizer_state", False)]
 
 
 def test_parallelize_signature() -> None:
@@ -60,7 +61,7 @@ def test_parallelize_bmuf_signature() -> None:
     # Caffe2 names the builders input_fn/forward_fn/param_update_fn in some versions;
     # positional use is what tests rely on, so only order, count and defaults are checked
     got = _params(data_parallel_model.Parallelize_BMUF)
-    assert got[len(PARALLELIZE_BMUF):] == DPGRAPH_EXTRAS
+    assert got[len(PARALLELIZE_BMUF):] == DPGRAPH_EXTRAS + [("shard_optimizer_state", False)]
     got = got[:len(PARALLELIZE_BMUF)]
     assert len(got) == len(PARALLELIZE_BMUF)
     assert [d for _, d in got] == [d for _, d in PARALLELIZE_BMUF]
