@@ -174,3 +174,17 @@ def test_single_shard_rendezvous_is_single_host() -> None:
                                         rendezvous=rendezvous)
     assert model._rendezvous is rendezvous
     assert model.net.Proto().num_workers == 2 * 4 + 8
+
+
+def test_init_blob_scoped_twice_is_a_typed_error() -> None:
+    """str(param) + '_momentum' under the device NameScope names 'cpu_1/cpu_1/...': there is
+    no per-device group to broadcast (Caffe2 raised a KeyError here)."""
+    def update(model):
+        manual_sgd(model)
+        for param in model.GetParams():
+            model.param_init_net.ConstantFill([param], str(param) + "_momentum", value=0.0)
+
+    error = run_failing(prepared_model(), cpu_device=True, param_update_builder_fun=update)
+    assert isinstance(error, ParallelizeError)
+    assert "cpu_0/cpu_0/" in str(error) and "device 1" in str(error)
+    assert "param + '_suffix'" in str(error)

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from dpgraph.errors import ParallelizeError
 from dpgraph.parallel import multihost
 from dpgraph.parallel.allreduce import broadcast
 from dpgraph.parallel.grouping import compute_blobs_to_sync, group_by_device, stripBlobName
@@ -51,8 +52,25 @@ def blobs_to_sync(state: ParallelState) -> tuple[list[Any], list[str]]:
 def register_blobs_to_sync(state: ParallelState) -> None:
     """Group the blobs to sync by device and remember their names."""
     blobs, names = blobs_to_sync(state)
-    state.grouped.update(group_by_device(state, blobs, []))
+    grouped = group_by_device(state, blobs, [])
+    _check_every_device_has(state, grouped, names)
+    state.grouped.update(grouped)
     state.sync_names = names
+
+
+def _check_every_device_has(state: ParallelState, grouped: dict[str, Any],
+                            names: list[str]) -> None:
+    """Each init blob to sync must exist on every device under the same stripped name."""
+    for name in names:
+        missing = [d for d in state.devices if d not in grouped.get(name, {})]
+        if missing:
+            blob = next(iter(grouped[name].values()))
+            raise ParallelizeError(
+                f"param_init_net blob {str(blob)!r} has no counterpart {name!r} on device "
+                f"{missing[0]}: its name carries the device scope twice (a scoped name such "
+                f"as str(param) + '_suffix' created under the device NameScope). Name it "
+                f"from the BlobReference (param + '_suffix') or an unscoped string, so each "
+                f"device's copy is '<prefix>_<id>/<name>'.")
 
 
 @parallel_pass(reads=("grouped", "sync_names", "blob_to_device"),
