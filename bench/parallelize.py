@@ -17,6 +17,7 @@ import argparse
 import gc
 import json
 import logging
+import os
 import platform
 import statistics
 import time
@@ -153,10 +154,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-passes", action="store_true",
                         help="skip the per-pass breakdown for 16 devices")
     args = parser.parse_args(argv)
-    logging.disable(logging.WARNING)
+    previous = logging.root.manager.disable
+    logging.disable(logging.WARNING)  # restored after: main() also runs inside pytest
+    try:
+        print(json.dumps(_run(args), indent=2))
+    finally:
+        logging.disable(previous)
+
+
+def _run(args: argparse.Namespace) -> dict[str, Any]:
     if args.gpu:
         workspace.SetVirtualGpus(max(args.devices))
     parallelize_once(2, args.gpu)  # warm up imports and registries
+    load_before = os.getloadavg()
     rows = [measure(ndev, args.gpu, args.repeat) for ndev in args.devices]
     multi = [r for r in rows if r["devices"] >= 2]
     row16 = next((r for r in rows if r["devices"] == 16), None)
@@ -165,6 +175,9 @@ def main(argv: list[str] | None = None) -> None:
         "benchmark": "parallelize_resnet50",
         "device_type": "gpu (virtual)" if args.gpu else "cpu",
         "python": platform.python_version(), "repeat": args.repeat,
+        "load_average_1_5_15": {"before": [round(x, 2) for x in load_before],
+                                "after": [round(x, 2) for x in os.getloadavg()],
+                                "cpus": os.cpu_count()},
         "results": rows,
         "per_op_spread_2_to_64": spread,
         "per_op_spread_2_to_64_cpu": _spread([r["us_per_output_op_cpu"] for r in multi]),
@@ -179,7 +192,7 @@ def main(argv: list[str] | None = None) -> None:
     }
     if not args.no_passes and row16 is not None:
         result["passes_16_devices_s"] = pass_breakdown(args.gpu, args.repeat)
-    print(json.dumps(result, indent=2))
+    return result
 
 
 if __name__ == "__main__":

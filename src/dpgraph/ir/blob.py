@@ -17,6 +17,8 @@ GradientSlice.__doc__ = "A sparse gradient: the rows ``indices`` of a blob get `
 
 
 def _as_str(name: Any) -> str:
+    if type(name) is str:
+        return name
     return name.decode("utf-8") if isinstance(name, bytes) else str(name)
 
 
@@ -34,12 +36,23 @@ class BlobReference:
     first input.
     """
 
-    __slots__ = ("_name", "_from_net", "meta")
+    __slots__ = ("_name", "_from_net", "_meta")
 
     def __init__(self, name: str | bytes | Any, net: Net | None = None) -> None:
         self._name = _as_str(name)
         self._from_net = net
-        self.meta: dict[str, Any] = {}
+        self._meta: dict[str, Any] | None = None
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        """Free-form annotations (made on first use: most references never have any)."""
+        if self._meta is None:
+            self._meta = {}
+        return self._meta
+
+    @meta.setter
+    def meta(self, value: dict[str, Any]) -> None:
+        self._meta = value
 
     def __hash__(self) -> int:
         return hash(self._name)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import sys
 import threading
 from collections import defaultdict
@@ -219,7 +220,7 @@ class Net:
         if op_type.startswith("__") or op_type.startswith("_"):
             raise AttributeError(op_type)
         OPERATORS.require_method(op_type)
-        return lambda *args, **kwargs: self._CreateAndAddToSelf(op_type, *args, **kwargs)
+        return functools.partial(self._CreateAndAddToSelf, op_type)
 
     def __dir__(self) -> list[str]:
         return sorted(set(super().__dir__()) | set(OPERATORS.types()))
@@ -243,16 +244,16 @@ class Net:
         self._lookup()  # fresh tables now: the new op's outputs are not in them yet
         ops = self._net.op
         op = ops.add()
+        output_names = [ref._name for ref in refs]
         try:
-            fill_operator(op, op_type, [str(b) for b in inputs], [r._name for r in refs],
-                          **kwargs)
+            fill_operator(op, op_type, [str(b) for b in inputs], output_names, **kwargs)
             external = self._new_external_inputs(inputs)
         except BaseException:
             del ops[-1]
             raise
         for blob in external:
             self.AddExternalInput(blob)
-        self._op_outputs.update(op.output)
+        self._op_outputs.update(output_names)
         operator_tracebacks[self._net.name][len(ops) - 1] = _creation_stack()
         if not refs:
             return None
@@ -621,16 +622,30 @@ class Net:
         return IsGPUDeviceType(self._net.device_option.device_type)
 
 
+#: ``{(id(code), instruction offset): ((file, line, function), code)}``: one frame entry per
+#: call site, shared by every stack through it (computing a frame's line scans its code's
+#: line table, and the same sites recur for every op a builder makes).  The code object is
+#: kept alive by its entry, so its id is not reused while the entry exists.  Bounded.
+_SITES: dict[tuple[int, int], tuple[tuple[str, int, str], Any]] = {}
+_SITES_LIMIT = 1 << 16
+
+
 def _creation_stack() -> list[tuple[str, int, str]]:
     """Caffe2's ``_extract_stacktrace``: ``(file, line, function)`` of each caller frame,
     most recent first, read from the frames alone (no source file access)."""
     frame: Any = sys._getframe(2)
     while frame is not None and frame.f_code.co_filename == __file__:
         frame = frame.f_back
+    if len(_SITES) > _SITES_LIMIT:
+        _SITES.clear()
     result = []
     while frame is not None:
         code = frame.f_code
-        result.append((code.co_filename, frame.f_lineno, code.co_name))
+        site = (id(code), frame.f_lasti)
+        known = _SITES.get(site)
+        if known is None or known[1] is not code:
+            known = _SITES[site] = ((code.co_filename, frame.f_lineno, code.co_name), code)
+        result.append(known[0])
         frame = frame.f_back
     return result
 
