@@ -3,7 +3,8 @@
 dpgraph implements its operators in Python, so there is nothing to load: ``InitOpsLibrary``
 accepts the Caffe2 ops libraries whose operators dpgraph provides (Detectron's ops and its
 custom-ops example, Gloo, NCCL, the store handlers), after checking those operators are
-registered, and refuses any other library with :class:`~dpgraph.errors.OpsLibraryError`.
+registered; like Caffe2 it ignores (with a printed note) a library path that does not
+exist, and it refuses any other existing library with :class:`~dpgraph.errors.OpsLibraryError`.
 
 Detectron finds its library by file name before calling ``InitOpsLibrary``: it looks for
 ``lib/libcaffe2_detectron_ops_gpu.so`` under several prefixes, every ``sys.path`` entry among
@@ -84,10 +85,15 @@ def _missing_ops(ops: tuple[str, ...]) -> list[str]:
 
 
 def InitOpsLibrary(name: str, trigger_lazy: bool = True) -> None:
-    """Accept a Caffe2 ops library whose operators dpgraph provides; refuse anything else
-    with OpsLibraryError naming what is missing.  Then, like Caffe2's refresh of the operator
-    registry, run the lazy imports (lazy_dyndep) unless ``trigger_lazy`` is false."""
+    """Accept a Caffe2 ops library whose operators dpgraph provides.  Any other library that
+    does not exist is ignored with Caffe2's message (its operators fail when used, naming
+    the op); one that exists is refused with OpsLibraryError (dpgraph cannot load C++).
+    Then, like Caffe2's refresh of the operator registry, run the lazy imports
+    (lazy_dyndep) unless ``trigger_lazy`` is false."""
     ops = _required_ops(name)
+    if ops is None and not os.path.exists(name):
+        print(f"Ignoring {name} as it is not a valid file.")
+        return
     if ops is None:
         raise OpsLibraryError(
             f"Cannot load ops library {name!r}: dpgraph runs operators in Python and cannot "

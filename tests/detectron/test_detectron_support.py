@@ -55,9 +55,12 @@ def test_init_ops_library_accepts_provided_libraries(name: str) -> None:
     assert name in dyndep.GetLoadedLibraries()
 
 
-def test_init_ops_library_refuses_unknown_and_names_missing_ops(monkeypatch) -> None:
+def test_init_ops_library_refuses_unknown_and_names_missing_ops(monkeypatch,
+                                                               tmp_path: Path) -> None:
+    unknown = tmp_path / "libmy_ops.so"
+    unknown.write_bytes(b"")
     with pytest.raises(OpsLibraryError, match="libmy_ops.so.*cannot load C\\+\\+"):
-        dyndep.InitOpsLibrary("/x/libmy_ops.so")
+        dyndep.InitOpsLibrary(str(unknown))
     patterns = [(p, ops + ("NotARealDetectronOp",)) if p.match("caffe2_detectron_ops_gpu")
                 else (p, ops) for p, ops in dyndep._LIBRARIES]
     monkeypatch.setattr(dyndep, "_LIBRARIES", tuple(patterns))
