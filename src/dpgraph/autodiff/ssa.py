@@ -110,7 +110,6 @@ class SSA:
         input/output at the version the forward op saw, or made by an earlier gradient op
         of the same forward op."""
         entry = self.ssa[fwd_op_idx]
-        where = f" (gradient of op #{fwd_op_idx} {_op_summary(entry.op)})"
         index = gradient_index(g_output, grad_op_input)
         if index is not None:
             output = entry.op.output[index]
@@ -119,22 +118,26 @@ class SSA:
                 raise GradientError(
                     f"Gradient name {grad_op_input!r} is expected to correspond to version "
                     f"{entry.out_versions[output]} of {output!r}, but currently we have "
-                    f"version {current}{where}." + self._history(output, "out"))
+                    f"version {current}{self._where(fwd_op_idx)}." + self._history(output, "out"))
         elif grad_op_input in entry.out_versions:
-            self._check_forward_version(grad_op_input, entry.out_versions, "output", where)
+            self._check_forward_version(grad_op_input, entry.out_versions, "output", fwd_op_idx)
         elif grad_op_input in entry.in_versions:
-            self._check_forward_version(grad_op_input, entry.in_versions, "input", where)
+            self._check_forward_version(grad_op_input, entry.in_versions, "input", fwd_op_idx)
         elif grad_op_input not in locally_generated:
             raise GradientError(
                 f"Blob {grad_op_input!r} read by a gradient op is neither an input, output or "
                 f"output gradient of the forward op nor made by one of its earlier gradient "
-                f"ops{where}.")
+                f"ops{self._where(fwd_op_idx)}.")
+
+    def _where(self, fwd_op_idx: int) -> str:
+        """The forward op an error is about (made only when raising)."""
+        return f" (gradient of op #{fwd_op_idx} {_op_summary(self.ssa[fwd_op_idx].op)})"
 
     def _check_forward_version(self, name: str, versions: dict[str, int], kind: str,
-                               where: str) -> None:
+                               fwd_op_idx: int) -> None:
         if self.frontier[name] != versions[name]:
             raise GradientError(
                 f"Gradient operator needs {kind} {name!r} at version {versions[name]}, but "
                 f"currently we have version {self.frontier[name]}: a later op overwrote it"
-                f"{where}. Write that op's result to a new blob instead of reusing {name!r}."
-                + self._history(name, "out"))
+                f"{self._where(fwd_op_idx)}. Write that op's result to a new blob instead of "
+                f"reusing {name!r}." + self._history(name, "out"))

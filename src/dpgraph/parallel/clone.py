@@ -192,7 +192,8 @@ class Renamer:
         renamed = self.refs.get(id(blob))
         if renamed is None:
             renamed = BlobReference(self.name(str(blob)), blob.Net())
-            renamed.meta = dict(blob.meta)
+            if blob._meta:  # (an unset or empty meta stays unset: made on first use)
+                renamed.meta = dict(blob._meta)
             self.refs[id(blob)] = renamed
         return renamed
 

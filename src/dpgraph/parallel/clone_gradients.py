@@ -25,11 +25,18 @@ OpList = list[caffe2_pb2.OperatorDef]
 
 def _device_of(op: caffe2_pb2.OperatorDef, prefix: str) -> str | None:
     """The ``<prefix>_<d>`` scope every output of ``op`` is in (None: unscoped or mixed)."""
-    scopes = {out.split("/", 1)[0] if "/" in out else "" for out in op.output}
-    if len(scopes) != 1:
+    outputs = op.output
+    if not outputs:
         return None
-    (head,) = scopes
+    head = _head(outputs[0])
+    if any(_head(out) != head for out in outputs[1:]):
+        return None
     return head if head.startswith(prefix + "_") else None
+
+
+def _head(blob: str) -> str:
+    """The first scope of ``blob`` (``''`` when unscoped)."""
+    return blob.split("/", 1)[0] if "/" in blob else ""
 
 
 def device_blocks(ops: Sequence[caffe2_pb2.OperatorDef], state: ParallelState

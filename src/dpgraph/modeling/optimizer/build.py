@@ -41,6 +41,18 @@ def _get_param_to_device(model: Any) -> dict[str, Any]:
     return param_to_device
 
 
+def _devices_for(model: Any, params: list[ParameterInfo]) -> dict[str, Any]:
+    """:func:`_get_param_to_device` as far as ``params`` need it: when the init net
+    produces every param, the net's producers are never looked up (the init net wins),
+    so the net is not scanned."""
+    init_devices = InferBlobDevices(model.param_init_net)
+    if all(str(info.blob) in init_devices for info in params):
+        return init_devices
+    param_to_device = InferBlobDevices(model.net)
+    param_to_device.update(init_devices)
+    return param_to_device
+
+
 def get_param_device(param_name: str, grad: Any, param_to_device: dict[str, Any] | None = None,
                      default_device: Any = None) -> Any:
     """The device of a param: from its producer, else from its gradient's producer."""
@@ -86,10 +98,10 @@ def _build(model: Any, optimizer: Optimizer, weights_only: bool = False,
            allow_lr_injection: bool = False) -> Optimizer:
     """Run ``optimizer`` for every parameter with a gradient, each under its device scope
     (and no name scope); returns the optimizer."""
-    param_to_device = _get_param_to_device(model)
     model.Validate()
     params = [info for info in model.GetOptimizationParamInfo()
               if not weights_only or info.blob in model.weights]
+    param_to_device = _devices_for(model, params)
     lr_multiplier = None
     if max_gradient_norm is not None:
         lr_multiplier = _calc_norm_ratio(model, params, "norm_clipped_grad_update",
