@@ -11,7 +11,6 @@ from google.protobuf.message import Message
 from dpgraph.errors import ArgumentError
 from dpgraph.proto import caffe2_pb2
 
-
 _FLOATS = frozenset({float})
 _INTS = frozenset({int})  # bools go through int() below
 

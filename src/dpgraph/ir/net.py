@@ -15,7 +15,7 @@ from dpgraph.errors import BlobNotFoundError, GradientError, NetError
 from dpgraph.ir.arguments import MakeArgument
 from dpgraph.ir.blob import BlobReference, ScopedBlobReference, ScopedName, blob_name
 from dpgraph.ir.device import DeviceOption, IsGPUDeviceType
-from dpgraph.ir.operator import CreateOperator, RectifyInputOutput, fill_operator
+from dpgraph.ir.operator import RectifyInputOutput, fill_operator
 from dpgraph.ir.python_funcs import python_op_arguments
 from dpgraph.ir.registry import NET_EXTENSIONS, OPERATORS
 from dpgraph.proto import caffe2_pb2
@@ -289,6 +289,16 @@ class Net:
                 self._op_outputs.update(op.output)
 
     extend_ops = _ExtendOps
+
+    def add_op(self, **fields: Any) -> caffe2_pb2.OperatorDef:
+        """Append ``OperatorDef(**fields)`` built in place in the NetDef (no copy, unlike
+        :meth:`extend_ops`) and return it.  Its inputs are not declared external: check
+        them with :meth:`BlobIsDefined` and :meth:`AddExternalInput` first, as
+        ``net.<Op>(...)`` does."""
+        op = self._net.op.add(**fields)
+        if not self._recreate_lookup_tables:
+            self._op_outputs.update(op.output)
+        return op
 
     # --- whole-net transformations -----------------------------------------------------
     def Clone(

@@ -1,0 +1,132 @@
+"""The fast op-creation paths give exactly what the plain ones give: ops built in place,
+arguments encoded in place, shared creation-stack entries, read-only net access."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+
+from dpgraph.core import BlobReference, CreateOperator, DeviceOption, DeviceScope, NameScope, Net
+from dpgraph.errors import ArgumentError, NetError
+from dpgraph.ir.arguments import MakeArgument
+from dpgraph.ir.net import operator_tracebacks
+from dpgraph.proto import caffe2_pb2
+
+
+def test_net_op_equals_create_operator_bytes() -> None:
+    """``net.<Op>`` (built in place) and ``CreateOperator`` + ``extend_ops`` agree."""
+    in_place, copied = Net("in_place"), Net("copied")
+    with DeviceScope(DeviceOption(1, 3)), NameScope("gpu_3"):
+        in_place.Conv(["x", "w"], "y", kernel=3, pad=1, order="NCHW", exhaustive_search=False,
+                      scale=0.5, shape=[1, 2], names=["a", b"b"], engine="CUDNN",
+                      random_seed=7, skipped=None)
+        copied.extend_ops([CreateOperator(
+            "Conv", ["x", "w"], "y", kernel=3, pad=1, order="NCHW", exhaustive_search=False,
+            scale=0.5, shape=[1, 2], names=["a", b"b"], engine="CUDNN", random_seed=7,
+            skipped=None)])
+    assert in_place.Proto().op[0].SerializeToString() == \
+        copied.Proto().op[0].SerializeToString()
+    assert list(in_place.Proto().external_input) == ["gpu_3/x", "gpu_3/w"]
+
+
+def test_outputs_are_new_references_bound_to_the_net() -> None:
+    net = Net("refs")
+    given = BlobReference("z")
+    given.meta["k"] = 1
+    out = net.Relu("x", given)
+    assert out == "z" and out is not given and out.Net() is net and out.meta == {}
+    first, second = net.Split("z", ["a", BlobReference("b")], split=[1, 1])
+    assert (first, second) == ("a", "b") and first.Net() is net and second.Net() is net
+
+
+def test_repeated_undefined_input_is_declared_once() -> None:
+    net = Net("twice")
+    net.Sum(["x", "x", BlobReference("y")], "s")
+    assert list(net.Proto().external_input) == ["x", "y"]
+    net.Relu("s", "s")
+    assert list(net.Proto().external_input) == ["x", "y"]
+
+
+def test_failed_op_leaves_no_op_and_no_external_input() -> None:
+    net = Net("atomic")
+    net.Relu("a", "b")
+    before = net.Proto().SerializeToString()
+    with pytest.raises(ArgumentError):
+        net.Relu(["c", "d"], "e", bad=object())
+    undefined_own = BlobReference("ghost", net)
+    with pytest.raises(NetError, match="claims to come from this net"):
+        net.Sum(["c", undefined_own], "f")
+    assert net.Proto().SerializeToString() == before
+    assert not net.BlobIsDefined("e") and not net.BlobIsDefined("f")
+
+
+def test_add_op_builds_in_place_and_keeps_lookup_tables() -> None:
+    net = Net("add_op")
+    net.Relu("x", "y")
+    assert net.BlobIsDefined("y")
+    op = net.add_op(type="Copy", name="", input=["y"], output=["z"],
+                    device_option=DeviceOption(0, 0), arg=[MakeArgument("k", 2)])
+    assert op is net.Proto().op[1] or op == net.Proto().op[1]
+    assert net.BlobIsDefined("z")
+    expected = caffe2_pb2.OperatorDef(type="Copy", name="", input=["y"], output=["z"],
+                                      device_option=DeviceOption(0, 0),
+                                      arg=[MakeArgument("k", 2)])
+    assert net.Proto().op[1].SerializeToString() == expected.SerializeToString()
+
+
+def test_proto_for_reading_is_the_live_proto() -> None:
+    net = Net("read")
+    net.Relu("x", "y")
+    assert net.proto_for_reading() is net.Proto()
+    assert net.proto_for_reading().op[0].type == "Relu"
+    net.Relu("y", "w")  # the tables stayed valid: the new output is known at once
+    assert net.BlobIsDefined("w") and len(net.proto_for_reading().op) == 2
+
+
+def _plain_stack(frame: object) -> list[tuple[str, int, str]]:
+    result = []
+    while frame is not None:
+        code = frame.f_code  # type: ignore[attr-defined]
+        result.append((code.co_filename, frame.f_lineno, code.co_name))  # type: ignore
+        frame = frame.f_back  # type: ignore[attr-defined]
+    return result
+
+
+def test_creation_stacks_name_every_frame_and_line() -> None:
+    """Stacks share their per-site entries; each still shows the exact line of every
+    frame (two call sites in one function, the same site in a loop)."""
+    net = Net("stacks")
+    expected = []
+    for _ in range(2):
+        net.Relu("x", "y"); expected.append(_plain_stack(sys._getframe()))  # noqa: E702
+        net.Relu("y", "z"); expected.append(_plain_stack(sys._getframe()))  # noqa: E702
+    stacks = operator_tracebacks[net.Name()]
+    assert [stacks[i] for i in range(4)] == expected
+    assert stacks[0] is not stacks[2] and stacks[0][0] is stacks[2][0]
+
+
+@pytest.mark.parametrize("value", [
+    1.5, -0.0, 0.0, float("nan"), 3, True, "s", b"b", [1, 2], (3, 4), [True, 2], [1.0, 2.5],
+    [np.float32(1.5), 2.0], [np.int64(3), 4], [np.bool_(True)], np.array([1, 2]),
+    ["a", b"b"], [], np.float64(0.25), np.int32(5),
+])
+def test_argument_fast_paths_match_the_general_encoder(value: object) -> None:
+    """The exact-type shortcuts encode as the isinstance chain does (numpy scalars as the
+    Python numbers they hold)."""
+    def general(item: object) -> object:
+        if isinstance(item, np.ndarray):
+            item = item.flatten().tolist()
+        if isinstance(item, (list, tuple)):
+            return [v.item() if isinstance(v, np.generic) else v for v in item]
+        return item.item() if isinstance(item, np.generic) else item
+
+    converted = general(value)
+    assert MakeArgument("k", value).SerializeToString() == \
+        MakeArgument("k", converted).SerializeToString()
+
+
+def test_mixed_list_error_names_python_types() -> None:
+    with pytest.raises(ArgumentError, match="mixing int, str"):
+        MakeArgument("k", [np.int64(1), "a"])
