@@ -12,6 +12,7 @@ from dpgraph import core
 from dpgraph.errors import OperatorError, ShapeError
 from dpgraph.ir.registry import OPERATORS, register_op
 from dpgraph.runtime import Workspace
+from dpgraph.runtime import executor as executor_module
 from dpgraph.runtime.executor import DagExecutor
 
 THREADS: list[tuple[str, int]] = []
@@ -32,11 +33,15 @@ def _register() -> None:
         EVENTS[ctx.op.output[0]].set()
         return (np.zeros(1, np.float32),)
 
-    @register_op("RtTestWait", inputs=(0, None), outputs=1)
     def wait_event(ctx):  # blocks until another branch's op ran
-        assert EVENTS[ctx.args["event"].decode() if isinstance(ctx.args["event"], bytes)
-                      else ctx.args["event"]].wait(10), "the other branch never ran"
+        event = ctx.args["event"]
+        event = event.decode() if isinstance(event, bytes) else event
+        assert EVENTS[event].wait(10), "the other branch never ran"
         return (np.zeros(1, np.float32),)
+
+    register_op("RtTestWait", inputs=(0, None), outputs=1)(wait_event)
+    register_op("RtTestWaitEffect", inputs=(0, None), outputs=1, side_effects=True)(wait_event)
+    register_op("RtTestEffect", inputs=(0, None), outputs=1, side_effects=True)(record)
 
 
 _register()
@@ -63,8 +68,9 @@ def test_calling_thread_runs_the_main_chain() -> None:
     assert isinstance(executor, DagExecutor) and executor.solo == [1, 2, -1]
 
 
-def test_branches_run_on_workers_and_the_main_line_on_the_caller() -> None:
-    """a fans out to b (lowest index: continued by the caller) and c (queued); d joins."""
+def test_pure_branches_wait_for_the_thread_that_released_them() -> None:
+    """a fans out to b (lowest index: continued by the caller) and c (pure: deferred, run by
+    the caller once its chain ends); d joins them."""
     THREADS.clear()
     net = core.Net("sched_fan")
     net.RtTestThread([], "a")
@@ -73,10 +79,68 @@ def test_branches_run_on_workers_and_the_main_line_on_the_caller() -> None:
     net.RtTestThread(["b", "c"], "d")
     ws, name = _dag(net)
     ws.run_net(name)
+    assert [n for n, _ in THREADS] == ["a", "b", "c", "d"]
+    assert {t for _, t in THREADS} == {threading.get_ident()}
+    executor = ws.net(name).executor
+    assert executor.solo == [-1, -1, -1, -1] and executor.deferrable == [True] * 4
+
+
+def test_branches_with_side_effects_go_to_the_workers_at_once() -> None:
+    """c has side effects and e leads to one: both are queued to the workers, never
+    deferred."""
+    THREADS.clear()
+    net = core.Net("sched_effect")
+    net.RtTestThread([], "a")
+    net.RtTestThread(["a"], "b")
+    net.RtTestEffect(["a"], "c")
+    net.RtTestThread(["a"], "e")
+    net.RtTestEffect(["e"], "f")
+    ws, name = _dag(net)
+    ws.run_net(name)
     where = dict(THREADS)
     assert where["a"] == where["b"] == threading.get_ident()
-    assert where["c"] != threading.get_ident()
-    assert ws.net(name).executor.solo == [-1, -1, -1, -1]
+    assert where["c"] != threading.get_ident() and where["e"] != threading.get_ident()
+    assert ws.net(name).executor.deferrable == [False, True, False, False, False]
+
+
+def test_deferred_op_is_handed_over_before_an_op_that_may_block(monkeypatch) -> None:
+    """b (side effects) waits for c, which a released as deferrable: the caller hands c to
+    the workers before running b, without waiting for the valve."""
+    monkeypatch.setattr(executor_module, "DEFER_LIMIT_S", 60.0)
+    EVENTS["sched_handover"] = threading.Event()
+    net = core.Net("sched_handover")
+    net.RtTestThread([], "a")
+    net.RtTestWaitEffect(["a"], "b", event="sched_handover")
+    net.RtTestSet(["a"], "sched_handover")
+    ws, name = _dag(net)
+    ws.run_net(name)
+    assert ws.has_blob("b")
+
+
+def test_valve_hands_over_a_deferred_op_a_pure_op_waits_for() -> None:
+    """b (no declared side effects, yet it blocks) waits for the deferred c: the valve
+    gives c to a worker after DEFER_LIMIT_S, so the run still finishes."""
+    EVENTS["sched_valve"] = threading.Event()
+    net = core.Net("sched_valve")
+    net.RtTestThread([], "a")
+    net.RtTestWait(["a"], "b", event="sched_valve")
+    net.RtTestSet(["a"], "sched_valve")
+    ws, name = _dag(net, workers=1)
+    ws.run_net(name)
+    assert ws.has_blob("b") and ws.has_blob("sched_valve")
+
+
+def test_failure_drops_deferred_ops() -> None:
+    THREADS.clear()
+    net = core.Net("sched_fail_deferred")
+    net.RtTestThread([], "a")
+    net.RtTestFail(["a"], ["b"])
+    net.RtTestThread(["a"], "c")   # deferred behind b, never run once b failed
+    ws, name = _dag(net)
+    with pytest.raises(OperatorError) as info:
+        ws.run_net(name)
+    assert info.value.op_index == 1
+    assert [n for n, _ in THREADS] == ["a"] and not ws.has_blob("c")
 
 
 def test_caller_chain_may_wait_for_a_branch() -> None:
@@ -120,8 +184,8 @@ def test_an_error_on_a_worker_branch_is_raised_by_the_caller() -> None:
     THREADS.clear()
     net = core.Net("sched_branch_fail")
     net.RtTestThread([], "a")
-    net.RtTestThread(["a"], "b")
-    net.RtTestFail(["a"], ["c"])     # op 2: a queued branch, run by a worker
+    net.RtTestEffect(["a"], "b")
+    net.RtTestFail(["a"], ["c"])     # op 2: after b (side effects) hands it to a worker
     ws, name = _dag(net)
     with pytest.raises(OperatorError) as info:
         ws.run_net(name)

@@ -7,6 +7,7 @@ itself a registered op with a kernel.  Scalar losses (``AveragedLoss``, the ``av
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -38,24 +39,19 @@ def _matrix_rows_shape(op: Any, shapes: list, types: list) -> list:
     return [((shapes[0][0] if len(shapes[0]) > 1 else 1,), types[0] or FLOAT)]
 
 
-def _softmax_rows(x: Any, xp: Any) -> Any:
+def _softmax_rows(x: Any, xp: Any) -> tuple[Any, Any]:
+    """(softmax, log-softmax) by rows: exp(x - max) / sum and x - max - log(sum)."""
     shifted = x - x.max(axis=1, keepdims=True)
     e = xp.exp(shifted)
-    return e / e.sum(axis=1, keepdims=True)
-
-
-def _log_softmax_rows(x: Any, xp: Any) -> Any:
-    """log(softmax) by rows: x - max - log(sum(exp(x - max)))."""
-    shifted = x - x.max(axis=1, keepdims=True)
-    return shifted - xp.log(xp.exp(shifted).sum(axis=1, keepdims=True))
+    total = e.sum(axis=1, keepdims=True)
+    return e / total, shifted - xp.log(total)
 
 
 def _as_2d(ctx: OpContext, x: Any) -> Any:
     """Flatten at the canonical ``axis`` argument (default 1) to [outer, inner]."""
     axis = ctx.int_arg("axis", 1)
     axis = axis + x.ndim if axis < 0 else axis
-    outer = int(np.prod(x.shape[:axis], dtype=np.int64))
-    return x.reshape(outer, -1)
+    return x.reshape(math.prod(x.shape[:axis]), -1)
 
 
 def _integer_labels(ctx: OpContext, label: Any) -> Any:
@@ -110,11 +106,11 @@ def softmax_with_loss(ctx: OpContext) -> Outputs:
     x = ctx.inputs[0]
     x2 = _as_2d(ctx, x)
     weight = ctx.inputs[2] if len(ctx.inputs) > 2 else None
-    p = _softmax_rows(x2, xp)
+    p, log_softmax = _softmax_rows(x2, xp)
     target, w, total = _softmax_loss_parts(ctx, x2, ctx.inputs[1], weight)
     # like Caffe2: integer labels read the log-softmax (exact for any logit range); label
     # probabilities use log(max(P, 1e-20))
-    log_p = _clamped_log(p, xp) if ctx.int_arg("label_prob", 0) else _log_softmax_rows(x2, xp)
+    log_p = _clamped_log(p, xp) if ctx.int_arg("label_prob", 0) else log_softmax
     per_row = -(target * log_p).sum(axis=1) * w
     scale = ctx.float_arg("scale", 1.0)
     loss = per_row.sum() * scale / total if total > 0 else 0.0
@@ -140,8 +136,8 @@ def softmax_with_loss_gradient(ctx: OpContext) -> Outputs:
     if total <= 0:
         return (xp.zeros_like(x),)
     factor = ctx.float_arg("scale", 1.0) * float(xp.asarray(d_loss).reshape(-1)[0]) / total
-    dx = (p2 - target) * (w[:, None] * factor).astype(x2.dtype)
-    return (dx.astype(x.dtype).reshape(x.shape),)
+    dx = (p2 - target) * (w[:, None] * factor).astype(x2.dtype, copy=False)
+    return (dx.astype(x.dtype, copy=False).reshape(x.shape),)
 
 
 # --- SpatialSoftmaxWithLoss ------------------------------------------------------------------

@@ -9,12 +9,20 @@ Scheduling costs little on the critical path: the calling thread runs the first 
 chain itself (no hand-off, and its arrays come from the main allocator arena, not a worker
 thread's, which would map fresh pages every step); a thread that finishes an op continues
 with one ready child, and with no counting or locking when it is that child's only parent
-and the child its only one (precomputed once per net); only the other ready children are
-queued to the worker threads, which live as long as the net.
+and the child its only one (precomputed once per net).  Other ready children go to the
+worker threads, which live as long as the net, except *deferrable* ones: ops that only
+compute (no side effects, not collective or cross-device, no mutex, no Python code or
+nested net) and lead to no op that is not so.  Those wait for a thread whose chain ended,
+so they do not compete for the cores (and the GIL) with a running multi-threaded kernel.
+Deferred ops are handed to the workers before the run's next op that could block, and a
+valve thread hands them over once they waited ``DEFER_LIMIT_S``.  So ops that depend on
+each other's progress still run at the same time.  Ops leading to a collective are never
+deferred.
 """
 
 from __future__ import annotations
 
+import heapq
 import logging
 import queue
 import threading
@@ -31,6 +39,8 @@ SIMPLE_TYPES = frozenset({"", "simple"})
 DAG_TYPES = frozenset({"dag", "async_scheduling", "async_dag", "async_simple", "prof_dag",
                        "async_polling", "parallel", "singlethread_async", "async_child"})
 DEFAULT_NUM_WORKERS = 4
+#: Longest time a deferred op waits for a thread of its run before the workers get it.
+DEFER_LIMIT_S = 0.05
 
 
 class SimpleExecutor:
@@ -109,13 +119,38 @@ def dependencies(ops: Sequence[OpInstance], num_workers: int = 1) -> list[set[in
     return result
 
 
+def is_pure(inst: OpInstance) -> bool:
+    """True for an op that only computes: it cannot block on or be observed by anything
+    but its blobs (no side effects, collective, cross-device placement, mutex, Python code
+    or nested net)."""
+    schema = inst.schema
+    return not (schema.side_effects or schema.collective or schema.cross_device
+                or schema.mutex_input is not None or inst.type.startswith("Python")
+                or inst.type.startswith("RecurrentNetwork")
+                or any(arg.HasField("n") or len(arg.nets) for arg in inst.op.arg))
+
+
+def deferrable(ops: Sequence[OpInstance], children: Sequence[Sequence[int]]) -> list[bool]:
+    """For each op: pure, and every op depending on it (transitively) pure too."""
+    result = [is_pure(inst) for inst in ops]
+    for j in reversed(range(len(ops))):  # children come after their parents
+        if result[j] and not all(result[c] for c in children[j]):
+            result[j] = False
+    return result
+
+
 class _WorkerPool:
-    """``n`` daemon threads taking ``(fn, args)`` tasks from one queue."""
+    """``n`` daemon threads taking ``(fn, args)`` tasks from one queue, and a valve thread
+    taking ``(event, fn, args)``: it calls ``fn(*args)`` when ``DEFER_LIMIT_S`` passed
+    without ``event`` being set."""
 
     def __init__(self, num_workers: int, name: str) -> None:
         self.tasks: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.valve: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.threads = [threading.Thread(target=self._loop, name=f"{name}-{i}", daemon=True)
                         for i in range(num_workers)]
+        self.threads.append(threading.Thread(target=self._valve_loop, name=f"{name}-valve",
+                                             daemon=True))
         for thread in self.threads:
             thread.start()
 
@@ -126,21 +161,33 @@ class _WorkerPool:
                 return
             task[0](*task[1:])
 
+    def _valve_loop(self) -> None:
+        while True:
+            task = self.valve.get()
+            if task is None:
+                return
+            if not task[0].wait(DEFER_LIMIT_S):
+                task[1](*task[2:])
+
     def close(self) -> None:
-        for _ in self.threads:
+        for _ in self.threads[:-1]:
             self.tasks.put(None)
+        self.valve.put(None)
 
 
 class _RunState:
-    __slots__ = ("pending", "in_flight", "errors", "lock", "done", "blobs", "placement")
+    __slots__ = ("pending", "in_flight", "errors", "lock", "done", "blobs", "placement",
+                 "deferred", "valve_armed")
 
     def __init__(self, pending: list[int], blobs: Blobs, placement: Placement) -> None:
         self.pending = pending
-        self.in_flight = 0
+        self.in_flight = 0  # running, queued or deferred
         self.errors: list[tuple[int, BaseException]] = []
         self.lock = threading.Lock()
         self.done = threading.Event()
         self.blobs, self.placement = blobs, placement
+        self.deferred: list[int] = []  # a heap of ready deferrable ops no thread runs yet
+        self.valve_armed = False
 
 
 class DagExecutor:
@@ -163,6 +210,8 @@ class DagExecutor:
         #: child is ready as soon as op i is done), else -1.
         self.solo = [kids[0] if len(kids) == 1 and self.indegree[kids[0]] == 1 else -1
                      for kids in self.children]
+        self.pure = [is_pure(inst) for inst in self.ops]
+        self.deferrable = deferrable(self.ops, self.children)
         self._pool: _WorkerPool | None = None
         self._pool_lock = threading.Lock()
 
@@ -189,19 +238,40 @@ class DagExecutor:
     def _run_chain(self, state: _RunState, index: int | None, pool: _WorkerPool) -> None:
         """Run ``index``, then keep running one newly ready child in this thread (the
         lowest-numbered, so the calling thread follows the net's main line)."""
-        solo = self.solo
+        solo, pure = self.solo, self.pure
         while index is not None:
+            if state.deferred and not pure[index]:
+                with state.lock:  # this op might wait for a deferred one: hand them over
+                    self._hand_over(state, pool)
             failed = self._run_op(state, index)
             if solo[index] >= 0 and not failed and not state.errors:
                 index = solo[index]  # ready now and nobody else counts it: no lock
                 continue
             with state.lock:
                 state.in_flight -= 1
-                following = (None if failed or state.errors
-                             else self._release_children(state, index, pool))
+                if failed or state.errors:
+                    following = None
+                    state.in_flight -= len(state.deferred)  # never run
+                    state.deferred.clear()
+                else:
+                    following = self._release_children(state, index, pool)
+                    if following is None and state.deferred:
+                        following = heapq.heappop(state.deferred)
                 if state.in_flight == 0:
                     state.done.set()
             index = following
+
+    def _hand_over(self, state: _RunState, pool: _WorkerPool) -> None:
+        """Queue every deferred op to the workers (the caller holds the lock)."""
+        for j in sorted(state.deferred):
+            pool.tasks.put((self._run_chain, state, j, pool))
+        state.deferred.clear()
+
+    def _valve(self, state: _RunState, pool: _WorkerPool) -> None:
+        """Deferred ops waited ``DEFER_LIMIT_S``: the workers take them."""
+        with state.lock:
+            state.valve_armed = False
+            self._hand_over(state, pool)
 
     def _run_op(self, state: _RunState, index: int) -> bool:
         """Run op ``index``; True when it failed or was skipped because an op already failed
@@ -217,8 +287,9 @@ class DagExecutor:
         return False
 
     def _release_children(self, state: _RunState, index: int, pool: _WorkerPool) -> int | None:
-        """Count op ``index`` as done for its children (the caller holds the lock): queue
-        every child that became ready but one, which is returned for this thread to run."""
+        """Count op ``index`` as done for its children (the caller holds the lock): of the
+        children that became ready, return the first for this thread to run, defer the
+        deferrable others and queue the rest to the workers."""
         following = None
         for child in self.children[index]:
             state.pending[child] -= 1
@@ -226,6 +297,11 @@ class DagExecutor:
                 state.in_flight += 1
                 if following is None:
                     following = child
+                elif self.deferrable[child]:
+                    heapq.heappush(state.deferred, child)
+                    if not state.valve_armed:
+                        state.valve_armed = True
+                        pool.valve.put((state.done, self._valve, state, pool))
                 else:
                     pool.tasks.put((self._run_chain, state, child, pool))
         return following
