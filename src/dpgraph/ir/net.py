@@ -15,7 +15,7 @@ from dpgraph.errors import BlobNotFoundError, GradientError, NetError
 from dpgraph.ir.arguments import MakeArgument
 from dpgraph.ir.blob import BlobReference, ScopedBlobReference, ScopedName, blob_name
 from dpgraph.ir.device import DeviceOption, IsGPUDeviceType
-from dpgraph.ir.operator import RectifyInputOutput, fill_operator
+from dpgraph.ir.operator import fill_operator, rectified_names
 from dpgraph.ir.python_funcs import python_op_arguments
 from dpgraph.ir.registry import NET_EXTENSIONS, OPERATORS
 from dpgraph.proto import caffe2_pb2
@@ -239,46 +239,38 @@ class Net:
         The op is built in place at the end of the NetDef (no copy); when building it or
         checking its inputs raises, it is removed again and nothing else has changed.
         """
-        inputs = RectifyInputOutput(inputs)
-        refs = self._output_refs(self._auto_outputs(op_type, outputs))
+        input_names = rectified_names(inputs)
+        refs = [BlobReference(name, self)
+                for name in rectified_names(self._auto_outputs(op_type, outputs))]
+        output_names = [ref._name for ref in refs]
         self._lookup()  # fresh tables now: the new op's outputs are not in them yet
         ops = self._net.op
         op = ops.add()
-        output_names = [ref._name for ref in refs]
         try:
-            fill_operator(op, op_type, [str(b) for b in inputs], output_names, **kwargs)
-            external = self._new_external_inputs(inputs)
+            fill_operator(op, op_type, input_names, output_names, **kwargs)
+            external = self._new_external_inputs(inputs, input_names)
         except BaseException:
             del ops[-1]
             raise
-        for blob in external:
-            self.AddExternalInput(blob)
+        for name in external:
+            self.AddExternalInput(name)
         self._op_outputs.update(output_names)
         operator_tracebacks[self._net.name][len(ops) - 1] = _creation_stack()
         if not refs:
             return None
         return refs[0] if len(refs) == 1 else tuple(refs)
 
-    def _output_refs(self, outputs: Any) -> list[BlobReference]:
-        """New references bound to this net for an op's outputs (strings get the name
-        scope; a reference passed in is not reused: its copy is bound to this net)."""
-        refs = RectifyInputOutput(outputs, net=self)
-        passed = outputs if isinstance(outputs, (list, tuple)) else [outputs]
-        return [BlobReference(ref._name, self) if ref is given else ref
-                for ref, given in zip(refs, passed)]
-
-    def _new_external_inputs(self, inputs: list[BlobReference]) -> list[BlobReference]:
-        """The inputs this net does not define yet (each once), which become external."""
-        new: list[BlobReference] = []
-        seen: set[str] = set()
-        for blob in inputs:
-            name = str(blob)
-            if name in self._op_outputs or name in self._external_input_map or name in seen:
+    def _new_external_inputs(self, inputs: Any, names: list[str]) -> list[str]:
+        """The input names this net does not define yet (each once), which become external;
+        a reference bound to this net must be defined."""
+        blobs = inputs if isinstance(inputs, (list, tuple)) else [inputs]
+        new: list[str] = []
+        for blob, name in zip(blobs, names):
+            if name in self._op_outputs or name in self._external_input_map or name in new:
                 continue
-            if blob.Net() is self:
+            if isinstance(blob, BlobReference) and blob.Net() is self:
                 raise NetError(f"Blob {blob} claims to come from this net but is undefined.")
-            seen.add(name)
-            new.append(blob)
+            new.append(name)
         return new
 
     def _ExtendOps(self, new_ops: Iterable[caffe2_pb2.OperatorDef]) -> None:

@@ -49,6 +49,24 @@ def RectifyInputOutput(blobs: Any, net: Net | None = None) -> list[BlobReference
 _RectifyInputOutput = RectifyInputOutput
 
 
+def rectified_names(blobs: Any) -> list[str]:
+    """The names of ``RectifyInputOutput(blobs)``'s references (same checks and errors),
+    without making the references."""
+    if isinstance(blobs, (list, tuple)):
+        return [_rectified_name(b) for b in blobs]
+    if isinstance(blobs, (str, bytes, BlobReference)):
+        return [_rectified_name(blobs)]
+    return [str(b) for b in RectifyInputOutput(blobs)]  # raises its BlobNameError
+
+
+def _rectified_name(blob: Any) -> str:
+    if type(blob) is str:
+        return scope.CurrentNameScope() + blob
+    if isinstance(blob, BlobReference):
+        return str(blob)
+    return str(_rectify_one(blob, None))  # bytes, str subclasses, or its BlobNameError
+
+
 def output_to_list(op_output: Any) -> list[Any]:
     """The outputs a ``net.<Op>(...)`` call returned, as a list (None -> ``[]``)."""
     if op_output is None:
@@ -77,13 +95,11 @@ def CreateOperator(
     option; ``arg`` protos come first, then one Argument per keyword that is not None.
     """
     operator = caffe2_pb2.OperatorDef()
-    fill_operator(operator, operator_type, _names(inputs), _names(outputs), name,
+    fill_operator(operator, operator_type, rectified_names(inputs), rectified_names(outputs), name,
                   control_input, device_option, arg, engine, debug_info, **kwargs)
     return operator
 
 
-def _names(blobs: Any) -> list[str]:
-    return [str(blob) for blob in RectifyInputOutput(blobs)]
 
 
 def fill_operator(operator: caffe2_pb2.OperatorDef, operator_type: str, inputs: list[str],
@@ -102,7 +118,7 @@ def fill_operator(operator: caffe2_pb2.OperatorDef, operator_type: str, inputs: 
     operator.input.extend(inputs)
     operator.output.extend(outputs)
     if control_input:
-        operator.control_input.extend(_names(control_input))
+        operator.control_input.extend(rectified_names(control_input))
     if device_option is not None:
         if not isinstance(device_option, caffe2_pb2.DeviceOption):
             raise DeviceOptionTypeError(

@@ -30,8 +30,8 @@ def stripBlobName(param: Any) -> str:
 
 def _device_of(blob: Any, prefix: str, what: str) -> int:
     name = str(blob)
-    scope = name[:name.rfind(_SEP) + 1]  # BlobReference.GetNameScope, without the object
-    head = scope.split(_SEP, 1)[0]
+    cut = name.find(_SEP)
+    head = name[:cut] if cut >= 0 else ""  # the first part of the name scope
     if not head.startswith(prefix + "_"):
         raise ParallelizeError(
             f"{what} {blob} is expected to have name scope '{prefix}_<device>/'; create it "
@@ -40,6 +40,7 @@ def _device_of(blob: Any, prefix: str, what: str) -> int:
     try:
         return int(head[len(prefix) + 1:])
     except ValueError:
+        scope = name[:name.rfind(_SEP) + 1]
         raise ParallelizeError(
             f"{what} {blob}: cannot read a device id from name scope {scope!r}."
         ) from None
