@@ -4,6 +4,7 @@ branches on the workers, and errors/order kept as before."""
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -38,6 +39,11 @@ def _register() -> None:
         event = event.decode() if isinstance(event, bytes) else event
         assert EVENTS[event].wait(10), "the other branch never ran"
         return (np.zeros(1, np.float32),)
+
+    @register_op("RtTestSleep", inputs=(0, None), outputs=1)
+    def sleep(ctx):  # a busy pure op: finishes after ms milliseconds
+        time.sleep(ctx.args["ms"] / 1000)
+        return record(ctx)
 
     register_op("RtTestWait", inputs=(0, None), outputs=1)(wait_event)
     register_op("RtTestWaitEffect", inputs=(0, None), outputs=1, side_effects=True)(wait_event)
@@ -128,6 +134,30 @@ def test_valve_hands_over_a_deferred_op_a_pure_op_waits_for() -> None:
     ws, name = _dag(net, workers=1)
     ws.run_net(name)
     assert ws.has_blob("b") and ws.has_blob("sched_valve")
+
+
+@pytest.mark.parametrize("idle", [False, True])
+def test_valve_hands_over_only_when_a_cpu_is_idle(monkeypatch, idle: bool) -> None:
+    """While the chain keeps finishing ops, a deferred op waits for it unless the valve
+    sees an idle CPU; then a worker runs it at once."""
+    monkeypatch.setattr(executor_module, "idle_cpu", lambda: idle)
+    monkeypatch.setattr(executor_module, "DEFER_LIMIT_S", 0.2)
+    THREADS.clear()
+    net = core.Net(f"sched_idle_{idle}")
+    net.RtTestThread([], "a")
+    previous = "a"
+    for i in range(8):  # one op finishes every 40 ms: never stalled for 0.2 s
+        net.RtTestSleep([previous], f"s{i}", ms=40)
+        previous = f"s{i}"
+    net.RtTestThread(["a"], "c")
+    ws, name = _dag(net)
+    ws.run_net(name)
+    order = [n for n, _ in THREADS]
+    where = dict(THREADS)
+    if idle:
+        assert where["c"] != threading.get_ident() and order.index("c") < order.index("s7")
+    else:
+        assert where["c"] == threading.get_ident() and order[-1] == "c"
 
 
 def test_failure_drops_deferred_ops() -> None:

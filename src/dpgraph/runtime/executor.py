@@ -14,16 +14,18 @@ worker threads, which live as long as the net, except *deferrable* ones: ops tha
 compute (no side effects, not collective or cross-device, no mutex, no Python code or
 nested net) and lead to no op that is not so.  Those wait for a thread whose chain ended,
 so they do not compete for the cores (and the GIL) with a running multi-threaded kernel.
-Deferred ops are handed to the workers before the run's next op that could block, and a
-valve thread hands them over once they waited ``DEFER_LIMIT_S``.  So ops that depend on
-each other's progress still run at the same time.  Ops leading to a collective are never
-deferred.
+Deferred ops are handed to the workers before the run's next op that could block.  A
+valve thread checks every ``DEFER_LIMIT_S`` and hands them over when no op of the run
+finished in that time (a thread may be waiting for one of them) or a CPU is idle.  So ops
+that depend on each other's progress still run at the same time.  Ops leading to a
+collective are never deferred.
 """
 
 from __future__ import annotations
 
 import heapq
 import logging
+import os
 import queue
 import threading
 import weakref
@@ -39,7 +41,7 @@ SIMPLE_TYPES = frozenset({"", "simple"})
 DAG_TYPES = frozenset({"dag", "async_scheduling", "async_dag", "async_simple", "prof_dag",
                        "async_polling", "parallel", "singlethread_async", "async_child"})
 DEFAULT_NUM_WORKERS = 4
-#: Longest time a deferred op waits for a thread of its run before the workers get it.
+#: How often the valve looks at a run with deferred ops (see the module docstring).
 DEFER_LIMIT_S = 0.05
 
 
@@ -130,6 +132,24 @@ def is_pure(inst: OpInstance) -> bool:
                 or any(arg.HasField("n") or len(arg.nets) for arg in inst.op.arg))
 
 
+def _usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def idle_cpu() -> bool:
+    """True when fewer threads are runnable on the machine than this process may use CPUs
+    (from /proc/loadavg; True where that is unreadable)."""
+    try:
+        with open("/proc/loadavg", "rb") as handle:
+            running = int(handle.read().split()[3].split(b"/")[0])
+    except (OSError, ValueError, IndexError):
+        return True
+    return running - 1 < _usable_cpus()  # not counting the thread asking
+
+
 def deferrable(ops: Sequence[OpInstance], children: Sequence[Sequence[int]]) -> list[bool]:
     """For each op: pure, and every op depending on it (transitively) pure too."""
     result = [is_pure(inst) for inst in ops]
@@ -141,8 +161,8 @@ def deferrable(ops: Sequence[OpInstance], children: Sequence[Sequence[int]]) -> 
 
 class _WorkerPool:
     """``n`` daemon threads taking ``(fn, args)`` tasks from one queue, and a valve thread
-    taking ``(event, fn, args)``: it calls ``fn(*args)`` when ``DEFER_LIMIT_S`` passed
-    without ``event`` being set."""
+    taking ``(event, fn, args)``: it calls ``fn(*args)`` every ``DEFER_LIMIT_S`` until
+    ``event`` is set or ``fn`` returns True."""
 
     def __init__(self, num_workers: int, name: str) -> None:
         self.tasks: queue.SimpleQueue[Any] = queue.SimpleQueue()
@@ -166,8 +186,8 @@ class _WorkerPool:
             task = self.valve.get()
             if task is None:
                 return
-            if not task[0].wait(DEFER_LIMIT_S):
-                task[1](*task[2:])
+            while not task[0].wait(DEFER_LIMIT_S) and not task[1](*task[2:]):
+                pass
 
     def close(self) -> None:
         for _ in self.threads[:-1]:
@@ -177,7 +197,7 @@ class _WorkerPool:
 
 class _RunState:
     __slots__ = ("pending", "in_flight", "errors", "lock", "done", "blobs", "placement",
-                 "deferred", "valve_armed")
+                 "deferred", "valve_armed", "finished", "seen")
 
     def __init__(self, pending: list[int], blobs: Blobs, placement: Placement) -> None:
         self.pending = pending
@@ -188,6 +208,7 @@ class _RunState:
         self.blobs, self.placement = blobs, placement
         self.deferred: list[int] = []  # a heap of ready deferrable ops no thread runs yet
         self.valve_armed = False
+        self.finished = self.seen = 0  # ops done; ops done when the valve last looked
 
 
 class DagExecutor:
@@ -244,6 +265,7 @@ class DagExecutor:
                 with state.lock:  # this op might wait for a deferred one: hand them over
                     self._hand_over(state, pool)
             failed = self._run_op(state, index)
+            state.finished += 1  # progress for the valve (approximate without the lock)
             if solo[index] >= 0 and not failed and not state.errors:
                 index = solo[index]  # ready now and nobody else counts it: no lock
                 continue
@@ -267,11 +289,18 @@ class DagExecutor:
             pool.tasks.put((self._run_chain, state, j, pool))
         state.deferred.clear()
 
-    def _valve(self, state: _RunState, pool: _WorkerPool) -> None:
-        """Deferred ops waited ``DEFER_LIMIT_S``: the workers take them."""
+    def _valve(self, state: _RunState, pool: _WorkerPool) -> bool:
+        """Every ``DEFER_LIMIT_S`` while ops are deferred: hand them to the workers when
+        no op finished since the last look (a thread may wait for one of them) or a CPU is
+        idle.  True when the valve is done with this run."""
         with state.lock:
+            stalled = state.finished == state.seen
+            state.seen = state.finished
+            if state.deferred and not stalled and not idle_cpu():
+                return False
             state.valve_armed = False
             self._hand_over(state, pool)
+            return True
 
     def _run_op(self, state: _RunState, index: int) -> bool:
         """Run op ``index``; True when it failed or was skipped because an op already failed
@@ -300,7 +329,7 @@ class DagExecutor:
                 elif self.deferrable[child]:
                     heapq.heappush(state.deferred, child)
                     if not state.valve_armed:
-                        state.valve_armed = True
+                        state.valve_armed, state.seen = True, state.finished
                         pool.valve.put((state.done, self._valve, state, pool))
                 else:
                     pool.tasks.put((self._run_chain, state, child, pool))
