@@ -25,7 +25,7 @@ def stripBlobName(param: Any) -> str:
     if isinstance(param, GradientSlice):
         return stripBlobName(param.indices) + ":" + stripBlobName(param.values)
     name = str(param)
-    return name[name.index(_SEP) + 1:] if _SEP in name else name
+    return name[name.find(_SEP) + 1:]  # (find gives -1 without a separator: all of it)
 
 
 def _device_of(blob: Any, prefix: str, what: str) -> int:
@@ -142,11 +142,12 @@ def compute_blobs_to_sync(state: ParallelState) -> tuple[list[BlobReference], li
         names = sorted({stripBlobName(b) for b in blobs})
     else:
         blobs, name_set = [], set()
+        scoped = prefix + "_"
         for op in model.param_init_net.proto_for_reading().op:
             for out in op.output:
-                if out.startswith(prefix + "_"):
+                if out.startswith(scoped):
                     blobs.append(out)
-                    name_set.add(stripBlobName(out))
+                    name_set.add(out[out.find(_SEP) + 1:])  # stripBlobName
         missing = sorted(set(state.param_names) - name_set)
         if missing:
             raise ParallelizeError(
