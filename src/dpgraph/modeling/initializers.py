@@ -87,7 +87,7 @@ def update_initializer(initializer_class: Any, operator_name_and_kwargs: Any,
     ``(op_name, kwargs)``, or with the default pair when none is given."""
     given = operator_name_and_kwargs or default_operator_name_and_kwargs
     if not (isinstance(given, (tuple, list)) and len(given) == 2 and isinstance(given[0], str)
-            and isinstance(given[1], Mapping)):
+            and isinstance(given[1], (dict, Mapping))):  # dict first: no ABC check
         raise ModelConfigError(
             f"An initializer must be an (op_name, kwargs) pair such as ('XavierFill', {{}}) "
             f"or ('ConstantFill', {{'value': 0.0}}), got {given!r}.")

@@ -12,10 +12,12 @@ ORDERS = ("NCHW", "NHWC")
 
 def check_dim(helper: str, name: str, value: Any) -> int:
     """``value`` as a positive int, else a ModelConfigError naming the helper."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
-        raise ModelConfigError(
-            f"brew.{helper}: {name} must be a positive integer, got {value!r}.")
-    return int(value)
+    if type(value) is int:  # the usual case, without the numbers.Integral (ABC) check
+        if value > 0:
+            return value
+    elif not isinstance(value, bool) and isinstance(value, numbers.Integral) and value > 0:
+        return int(value)
+    raise ModelConfigError(f"brew.{helper}: {name} must be a positive integer, got {value!r}.")
 
 
 def check_order(helper: str, order: Any) -> str:
