@@ -213,8 +213,14 @@ def is_empty(ctx: OpContext) -> Outputs:
     return (np.array(np.asarray(to_host(value)).size == 0),)
 
 
+@register_op("HasElements", inputs=(1, None), outputs=1)
+def has_elements(ctx: OpContext) -> Outputs:
+    """A bool scalar: whether any input has elements."""
+    return (np.array(any(np.asarray(to_host(v)).size for v in ctx.inputs)),)
+
+
 for _type in ("CreateTreeCursor", "ResetCursor", "ReadNextBatch", "CheckDatasetConsistency",
-              "AtomicAppend", "IsEmpty"):
+              "AtomicAppend", "IsEmpty", "HasElements"):
     register_gradient(_type)(no_gradient)
 
 

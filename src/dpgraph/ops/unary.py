@@ -1,5 +1,6 @@
-"""Elementwise unary ops of Caffe2's final release: Gelu, Mish, Softsign, Cbrt, Log1p and
-Reciprocal, each with its gradient op and Caffe2's gradient-op inputs.
+"""Elementwise unary ops of Caffe2's final release: Gelu, Mish, Softsign, Cbrt, Log1p,
+Reciprocal and Logit, each with its gradient op and Caffe2's gradient-op inputs, and
+ReplaceNaN.
 
 Gelu's exact form uses erf (``fast_gelu=1``: the tanh approximation).
 """
@@ -159,3 +160,35 @@ def reciprocal_gradient(ctx: OpContext) -> Outputs:
 @register_gradient("Reciprocal")
 def _reciprocal_gradient(g: GradientBuilder) -> None:
     g.add("ReciprocalGradient", [g.O(0), g.GO(0)], [g.GI(0)])
+
+
+@register_op("Logit", inputs=1, outputs=1, inplace=[(0, 0)], shape=same_as_input())
+def logit(ctx: OpContext) -> Outputs:
+    """Y = log(p / (1 - p)) with p = X clipped to [eps, 1 - eps] (eps 1e-6)."""
+    (x,) = _arrays(ctx)
+    eps = ctx.float_arg("eps", 1e-6)
+    p = ctx.xp.clip(x, eps, 1.0 - eps)
+    return (as_dtype(ctx.xp, ctx.xp.log(p / (1.0 - p)), x.dtype),)
+
+
+@register_op("LogitGradient", inputs=2, outputs=1, shape=same_as_input())
+def logit_gradient(ctx: OpContext) -> Outputs:
+    """[X, dY] -> dX = dY / (X (1 - X)) inside [eps, 1 - eps], 0 where X was clipped."""
+    x, dy = _arrays(ctx)
+    eps = ctx.float_arg("eps", 1e-6)
+    inside = (x >= eps) & (x <= 1.0 - eps)
+    safe = ctx.xp.where(inside, x, 0.5)
+    return (as_dtype(ctx.xp, ctx.xp.where(inside, dy / (safe * (1.0 - safe)), 0.0), dy.dtype),)
+
+
+@register_gradient("Logit")
+def _logit_gradient(g: GradientBuilder) -> None:
+    g.add("LogitGradient", [g.I(0), g.GO(0)], [g.GI(0)])
+
+
+@register_op("ReplaceNaN", inputs=1, outputs=1, inplace=[(0, 0)], shape=same_as_input())
+def replace_nan(ctx: OpContext) -> Outputs:
+    """Y = X with every NaN replaced by ``value`` (0)."""
+    (x,) = _arrays(ctx)
+    value = ctx.float_arg("value", 0.0)
+    return (ctx.xp.where(ctx.xp.isnan(x), ctx.xp.asarray(value, dtype=x.dtype), x),)
