@@ -356,3 +356,23 @@ def test_bad_inputs_raise_typed_errors_naming_the_blobs() -> None:
     workspace.FeedBlob("input", np.ones((3, 5, 2), np.float32))
     with pytest.raises(BlobNotFoundError, match="timestep 0.*not_a_blob"):
         workspace.RunOperatorOnce(op)
+
+
+def test_a_recurrent_state_may_itself_be_an_output() -> None:
+    """Caffe2's elman test lists the state tensor among the outputs: it gets all T + 1 rows."""
+    workspace.ResetWorkspace()
+    _, op = _sum_mul_model(False)
+    state = "test_rnn_sum_mull/output_t_prev_states"
+    op.output.insert(len(op.output) - 1, state)
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((3, 2, 3)).astype(np.float32)
+    h0 = rng.standard_normal((1, 2, 3)).astype(np.float32)
+    workspace.FeedBlob("input", x)
+    workspace.FeedBlob("initial_input", h0)
+    workspace.RunOperatorOnce(op)
+    states = workspace.FetchBlob(state)
+    assert states.shape == (4, 2, 3)
+    np.testing.assert_allclose(states[1:], _sum_mul_reference(x, h0), rtol=1e-5)
+    op.output.insert(len(op.output) - 1, "not_a_state")
+    with pytest.raises(DpgraphError, match="neither an alias destination"):
+        workspace.RunOperatorOnce(op)

@@ -362,13 +362,18 @@ def _alias_value(ctx: OpContext, blobs: BlobChain, src: str, offset: int) -> Any
 def _alias_outputs(ctx: OpContext, plan: StepPlan, scratch: ScratchWorkspaces) -> list[Any]:
     blobs = BlobChain([scratch.shared, scratch.parent])
     by_dst = {dst: (src, offset) for src, dst, offset in plan.aliases}
+    states = set(ctx.arg("recurrent_states", []) or [])
     outputs = []
     for name in ctx.op.output[:-1]:
-        if name not in by_dst:
+        if name in by_dst:
+            outputs.append(_alias_value(ctx, blobs, *by_dst[name]))
+        elif name in states:  # a recurrent state's whole [T + 1, ...] tensor
+            outputs.append(_alias_value(ctx, blobs, name, 0))
+        else:
             raise ArgumentError(ctx.describe(
-                f"output {name!r} is not an alias destination (alias_dst {list(by_dst)}); "
-                "every output but the last (step_workspaces) must be one"))
-        outputs.append(_alias_value(ctx, blobs, *by_dst[name]))
+                f"output {name!r} is neither an alias destination (alias_dst "
+                f"{list(by_dst)}) nor a recurrent state ({sorted(states)}); every output but "
+                "the last (step_workspaces) must be one"))
     return outputs
 
 
