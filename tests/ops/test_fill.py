@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import dpgraph.ops  # noqa: F401  (registers every family)
-from dpgraph.errors import ArgumentError
+from dpgraph.errors import ArgumentError, ShapeError
 from dpgraph.ir.operator import CreateOperator
 from dpgraph.ir.registry import OPERATORS
 from dpgraph.ops.gradient_builder import build_gradient
@@ -127,3 +127,14 @@ def test_fill_shape_functions_and_empty_gradient() -> None:
     assert OPERATORS.lookup("XavierFill").shape_fn(op2, [(2,)], [1]) == [((2, 4), DT.FLOAT)]
     ops, g_in = build_gradient(op2, ["out_grad"])  # Caffe2's NO_GRADIENT
     assert ops == [] and g_in == [None]
+
+
+def test_constant_fill_value_from_a_second_input() -> None:
+    x = np.zeros((2, 3), np.float32)
+    (y,) = run_op(CreateOperator("ConstantFill", ["X", "V"], ["Y"]), [x, np.array([7], np.int32)])
+    assert y.shape == (2, 3) and y.dtype == np.int32 and (y == 7).all()
+    (z,) = run_op(CreateOperator("ConstantFill", ["X", "V"], ["Y"], dtype=1),
+                  [x, np.array([True])])
+    assert z.dtype == np.float32 and (z == 1.0).all()
+    with pytest.raises(ShapeError, match="exactly one element"):
+        run_op(CreateOperator("ConstantFill", ["X", "V"], ["Y"]), [x, np.zeros(2)])

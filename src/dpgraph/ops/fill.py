@@ -148,9 +148,25 @@ def _constant_infer(op: caffe2_pb2.OperatorDef, in_shapes: Sequence[Any],
     return [None if r is None else (r[0], dtype) for r in result]
 
 
-@register_op("ConstantFill", inputs=(0, 1), outputs=1, shape=_constant_infer)
+def _value_input(ctx: OpContext) -> Any:
+    """The one-element VALUE input (ConstantFill's second input)."""
+    value = np.asarray(to_host(ctx.inputs[1]))
+    if value.size != 1:
+        raise ctx.fail(f"the value input {ctx.input_name(1)!r} must hold exactly one element, "
+                       f"got shape {value.shape}")
+    return value.reshape(())
+
+
+@register_op("ConstantFill", inputs=(0, 2), outputs=1, shape=_constant_infer)
 def constant_fill(ctx: OpContext) -> Outputs:
-    """Y = value everywhere (dtype arg, or inferred from value: int -> INT64)."""
+    """Y = value everywhere (dtype arg, or inferred from value: int -> INT64); with a second
+    input, the value (and, without a dtype arg, the dtype) is that one-element tensor's."""
+    if len(ctx.inputs) == 2:
+        value_array = _value_input(ctx)
+        dtype = numpy_dtype(parse_dtype(ctx.arg("dtype"))) if ctx.has_arg("dtype") else \
+            value_array.dtype
+        shape = fill_shape(ctx, max(np.dtype(dtype).itemsize, 1))
+        return (ctx.xp.full(shape, value_array.item(), dtype=dtype),)
     data_type = _constant_dtype(ctx)
     dtype = numpy_dtype(data_type)
     shape = fill_shape(ctx, max(np.dtype(dtype).itemsize, 1))
