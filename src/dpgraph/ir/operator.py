@@ -95,11 +95,9 @@ def CreateOperator(
     option; ``arg`` protos come first, then one Argument per keyword that is not None.
     """
     operator = caffe2_pb2.OperatorDef()
-    fill_operator(operator, operator_type, rectified_names(inputs), rectified_names(outputs), name,
-                  control_input, device_option, arg, engine, debug_info, **kwargs)
+    fill_operator(operator, operator_type, rectified_names(inputs), rectified_names(outputs),
+                  name, control_input, device_option, arg, engine, debug_info, **kwargs)
     return operator
-
-
 
 
 def fill_operator(operator: caffe2_pb2.OperatorDef, operator_type: str, inputs: list[str],
