@@ -294,3 +294,9 @@ def test_scalars_stay_zero_dimensional_through_split_and_transpose() -> None:
     assert [g.shape for g in run_op(ops[0], [y, info])] == [(), ()]
     (t,) = run_op(CreateOperator("Transpose", ["x"], ["y"]), [np.array(3.0)])
     assert t.shape == ()
+
+
+def test_expand_dims_ignores_repeated_dims() -> None:
+    (y,) = run_op(CreateOperator("ExpandDims", ["X"], ["Y"], dims=[0, 0, 2]),
+                  [np.zeros((3, 4), np.float32)])
+    assert y.shape == (1, 3, 1, 4)

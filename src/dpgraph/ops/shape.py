@@ -418,10 +418,10 @@ def _slice_gradient(g: GradientBuilder) -> None:
 # --- ExpandDims, Squeeze -----------------------------------------------------------------
 @register_op("ExpandDims", inputs=1, outputs=1, inplace=[(0, 0)])
 def expand_dims(ctx: OpContext) -> Outputs:
-    """Insert size-1 dims at the (sorted) positions ``dims``."""
+    """Insert size-1 dims at the (sorted, de-duplicated, as in Caffe2) positions ``dims``."""
     x = ctx.xp.asarray(ctx.inputs[0])
     shape = list(x.shape)
-    for dim in sorted(ctx.ints_arg("dims")):
+    for dim in sorted(set(ctx.ints_arg("dims"))):
         if not 0 <= dim <= len(shape):
             raise ctx.fail(f"dim {dim} out of range for shape {shape}")
         shape.insert(dim, 1)
