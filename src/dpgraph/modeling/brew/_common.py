@@ -15,7 +15,7 @@ def check_dim(helper: str, name: str, value: Any) -> int:
     if type(value) is int:  # the usual case, without the numbers.Integral (ABC) check
         if value > 0:
             return value
-    elif not isinstance(value, bool) and isinstance(value, numbers.Integral) and value > 0:
+    elif not isinstance(value, bool) and isinstance(value, numbers.Integral) and int(value) > 0:
         return int(value)
     raise ModelConfigError(f"brew.{helper}: {name} must be a positive integer, got {value!r}.")
 
