@@ -96,3 +96,18 @@ def test_replace_nan_and_has_elements() -> None:
     (some,) = _run("HasElements", [np.zeros(0), np.zeros(2)])
     (none,) = _run("HasElements", [np.zeros(0), np.zeros((0, 3))])
     assert bool(some) and not bool(none)
+
+
+@pytest.mark.parametrize("replicate", [0, 1])
+def test_dot_product_with_padding(replicate: int) -> None:
+    x, y = RNG.standard_normal((3, 2)), RNG.standard_normal((3, 4))
+    op = CreateOperator("DotProductWithPadding", ["X", "Y"], ["Z"], pad_value=0.5,
+                        replicate=replicate)
+    (z,) = run_op(op, [x, y])
+    wide = np.tile(x, (1, 2)) if replicate else np.concatenate([x, np.full((3, 2), 0.5)], 1)
+    np.testing.assert_allclose(z, (wide * y).sum(axis=1))
+    check_gradient(op, [x, y])
+    check_gradient(op, [y, x])
+    if replicate:
+        with pytest.raises(ShapeError, match="multiple"):
+            run_op(op, [x, RNG.standard_normal((3, 3))])
