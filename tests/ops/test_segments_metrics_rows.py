@@ -111,3 +111,22 @@ def test_dot_product_with_padding(replicate: int) -> None:
     if replicate:
         with pytest.raises(ShapeError, match="multiple"):
             run_op(op, [x, RNG.standard_normal((3, 3))])
+
+
+@pytest.mark.parametrize("order", ["NCHW", "NHWC"])
+def test_space_to_batch_and_back(order: str) -> None:
+    x = RNG.standard_normal((2, 3, 4, 2))  # NCHW
+    data = x if order == "NCHW" else x.transpose(0, 2, 3, 1)
+    to_batch = CreateOperator("SpaceToBatch", ["X"], ["Y"], pad=1, block_size=2, order=order)
+    (y,) = run_op(to_batch, [data])
+    y_nchw = y if order == "NCHW" else y.transpose(0, 3, 1, 2)
+    assert y_nchw.shape == (8, 3, 3, 2)
+    padded = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
+    # image (oh * 2 + ow) * N + n holds padded[n, :, oh::2, ow::2]
+    np.testing.assert_array_equal(y_nchw[(1 * 2 + 0) * 2 + 1], padded[1, :, 1::2, 0::2])
+    back = CreateOperator("BatchToSpace", ["Y"], ["Z"], pad=1, block_size=2, order=order)
+    (z,) = run_op(back, [y])
+    np.testing.assert_array_equal(z, data)
+    check_gradient(to_batch, [data])
+    with pytest.raises(ShapeError, match="multiple of block_size"):
+        run_op(to_batch, [RNG.standard_normal((1, 1, 3, 3))])
