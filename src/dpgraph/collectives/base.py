@@ -22,6 +22,7 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 
+from dpgraph.collectives import halfsum
 from dpgraph.errors import CollectiveError, CollectiveTimeoutError, DpgraphError
 from dpgraph.ir.arrays import host
 
@@ -49,8 +50,10 @@ class Backend(Protocol):
     size: int
     timeout: float
 
-    def allreduce(self, buffers: Sequence[Any], timeout: float | None = None) -> list[Any]:
-        """Sum over every local copy and every rank, into every copy."""
+    def allreduce(self, buffers: Sequence[Any], timeout: float | None = None,
+                  wire_dtype: str | None = None) -> list[Any]:
+        """Sum over every local copy and every rank, into every copy (``wire_dtype``: see
+        :meth:`BaseBackend.allreduce`)."""
 
     def broadcast(self, buffers: Sequence[Any], root: int = 0,
                   timeout: float | None = None) -> list[Any]:
@@ -174,22 +177,52 @@ class BaseBackend(ABC):
         self.closed = False
         self.sequence = 0  # collectives issued so far, for error messages
         self._lock = threading.Lock()
+        #: Reused work buffers of the 16-bit all-reduce (one collective at a time per world).
+        self._scratch: dict[Any, np.ndarray] = {}
 
     def __repr__(self) -> str:
         return (f"<{type(self).__name__} {self.name!r} rank {self.rank}/{self.size}, "
                 f"timeout {self.timeout:g}s>")
 
     # --- public collectives ------------------------------------------------------------
-    def allreduce(self, buffers: Sequence[Any], timeout: float | None = None) -> list[Any]:
+    def allreduce(self, buffers: Sequence[Any], timeout: float | None = None,
+                  wire_dtype: str | None = None) -> list[Any]:
+        """Sum over every local copy and every rank, into every copy.
+
+        16-bit payloads (float16 buffers, or float32 buffers holding bfloat16 values with
+        ``wire_dtype="bfloat16"``) cross ranks as 16-bit words when the backend can exchange
+        buffers point to point (:attr:`exchanges`): see :mod:`dpgraph.collectives.halfsum`.
+        """
         buffers = list(buffers)
         self._check_open("allreduce")
         check_buffers(buffers, lambda: self._what("allreduce"))
+        wire = halfsum.wire_format(buffers[0], wire_dtype, self._what("allreduce"))
+        if wire is not None and self.size > 1 and self.exchanges and buffers[0].size:
+            return self._allreduce_16bit(buffers, wire, timeout)
         if self.size == 1 and local_allreduce_chunked(buffers):
             return buffers
         total = self._contiguous(local_sum(buffers))
         if self.size > 1 and total.size:
             self._run("allreduce", timeout, lambda t: self._allreduce_host(total, t))
         self._scatter_local(buffers, total)
+        return buffers
+
+    def _allreduce_16bit(self, buffers: list[Any], wire: str, timeout: float | None
+                         ) -> list[Any]:
+        """The 16-bit all-reduce (:mod:`~dpgraph.collectives.halfsum`), all of it under the
+        world's lock (its work buffers are the world's)."""
+        plan = halfsum.HalfSum(wire, self.rank, self.size, self._scratch)
+
+        def step(limit: float) -> None:
+            payload = plan.local_payload([host(b) for b in buffers])
+            if self._native_16bit(wire):
+                self._allreduce_words(payload, wire, limit)
+            else:
+                plan.allreduce(payload, self._post_send, self._post_recv,
+                               lambda handles: self._wait_all(handles, limit))
+            plan.deliver(payload, buffers, copy_into)
+
+        self._run("allreduce", timeout, step)
         return buffers
 
     def broadcast(self, buffers: Sequence[Any], root: int = 0,
@@ -279,6 +312,30 @@ class BaseBackend(ABC):
 
     @abstractmethod
     def _barrier(self, timeout: float) -> None: ...
+
+    #: Whether the point-to-point hooks below are implemented (16-bit all-reduces need them).
+    exchanges = False
+
+    def _native_16bit(self, wire: str) -> bool:
+        """Whether the transport sums ``wire`` words itself (:meth:`_allreduce_words`)."""
+        return False
+
+    def _allreduce_words(self, words: np.ndarray, wire: str, timeout: float) -> None:
+        """Sum 16-bit ``wire`` words across ranks with the transport's own reduction."""
+        raise CollectiveError(f"{self._what('allreduce')}: no {wire} sum in {self.backend}.")
+
+    def _post_send(self, peer: int, array: np.ndarray) -> Any:
+        """Start sending ``array`` to rank ``peer``; returns a handle for :meth:`_wait_all`."""
+        raise CollectiveError(f"{self._what('send')}: not supported by {self.backend}.")
+
+    def _post_recv(self, peer: int, array: np.ndarray) -> Any:
+        """Start receiving into ``array`` from rank ``peer`` (messages between two ranks
+        arrive in the order they were sent); returns a handle for :meth:`_wait_all`."""
+        raise CollectiveError(f"{self._what('recv')}: not supported by {self.backend}.")
+
+    def _wait_all(self, handles: Sequence[Any], timeout: float) -> None:
+        """Wait until every posted send and receive of ``handles`` completed."""
+        raise CollectiveError(f"{self._what('wait')}: not supported by {self.backend}.")
 
     # --- shared plumbing ---------------------------------------------------------------
     def _what(self, op: str) -> str:

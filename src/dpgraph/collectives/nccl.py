@@ -194,10 +194,11 @@ class NcclBackend(BaseBackend):
                                      name=f"{self.name}/host", timeout=self.timeout)
         return self._host
 
-    def allreduce(self, buffers: Sequence[Any], timeout: float | None = None) -> list[Any]:
+    def allreduce(self, buffers: Sequence[Any], timeout: float | None = None,
+                  wire_dtype: str | None = None) -> list[Any]:
         buffers = list(buffers)
         if self._on_host(buffers):
-            return super().allreduce(buffers, timeout)
+            return super().allreduce(buffers, timeout, wire_dtype)
         check_buffers(buffers, self._what("allreduce"))
         self._check_dtype(buffers, "allreduce")
 

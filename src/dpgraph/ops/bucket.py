@@ -8,18 +8,24 @@ gradient_bucket_mb=...)`` so that one collective moves many gradients::
     GradientBucketUnpack([gpu_0/grad_bucket_0, gpu_0/fc_w_grad, gpu_0/fc_b_grad],
                          [gpu_0/fc_w_grad, gpu_0/fc_b_grad])
 
-The bucket is the raveled inputs, concatenated in input order (one copy).  Unpacking makes
-each output a *view* of the bucket with the shape of the matching template input, so no
-copy is made (``copy=1`` copies instead).  Every element is moved, never combined, so a
+The bucket is the raveled inputs, concatenated in input order (one copy, into the bucket's
+array of the previous run when the runtime allows it, so no page is faulted in again; no copy
+at all when every input already is its slice of that array, as the unpacked views are).
+Unpacking makes each output a *view* of the bucket with the shape of the matching template
+input, so no copy is made (``copy=1`` copies instead).  Every element is moved, never combined, so a
 reduction over buckets gives bitwise the values of the same reduction blob by blob.
 """
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
+
+import numpy as np
 
 from dpgraph.ir.registry import register_op
 from dpgraph.ops.context import OpContext, Outputs
+from dpgraph.ops.nn import reusable_output
 
 _MAX = 4096
 _UNPACK_INPLACE = [(i + 1, i) for i in range(_MAX)]
@@ -61,7 +67,64 @@ def gradient_bucket_pack(ctx: OpContext) -> Outputs:
             raise ctx.fail(f"input {ctx.input_name(index)!r} is a {type(value).__name__}, not "
                            "a dense tensor; sparse gradients cannot go into a bucket.")
     _check_dtypes(ctx, values, 0)
-    return (ctx.xp.concatenate([v.reshape(-1) for v in values]),)
+    if ctx.xp is not np or not all(type(v) is np.ndarray for v in values):
+        return (ctx.xp.concatenate([v.reshape(-1) for v in values]),)
+    total = sum(int(v.size) for v in values)
+    previous = ctx.prev_output(0)
+    if _packed_in(previous, values, total):
+        _share(previous)
+        return (previous,)  # every gradient already is its slice of the bucket: no copy
+    out = reusable_output(ctx, 0, (total,), values[0].dtype)
+    if out is None:
+        out = np.empty(total, values[0].dtype)
+    offset = 0
+    for value in values:
+        np.copyto(out[offset:offset + value.size], value.reshape(-1))
+        offset += value.size
+    return (out,)
+
+
+#: Buckets a GradientBucketPack returned without copying (their gradients are views of
+#: them): ``id -> weakref``.
+_SHARED: dict[int, weakref.ref[np.ndarray]] = {}
+
+
+def _share(bucket: np.ndarray) -> None:
+    key = id(bucket)
+
+    def forget(_: object) -> None:
+        _SHARED.pop(key, None)
+
+    _SHARED[key] = weakref.ref(bucket, forget)
+
+
+def shared_bucket(value: Any) -> bool:
+    """Whether ``value`` is a bucket whose gradients are views of it (packed without a
+    copy): the synchronisation may then write the reduced values into it in place, as the
+    in-place collective on it already does."""
+    ref = _SHARED.get(id(value))
+    return ref is not None and ref() is value
+
+
+def _address(array: np.ndarray) -> int:
+    return int(array.__array_interface__["data"][0])
+
+
+def _packed_in(bucket: Any, values: list[np.ndarray], total: int) -> bool:
+    """Whether ``bucket`` (the output's previous value) is a 1-D array of ``total`` values
+    of which every input is, in order, the contiguous slice at its own offset: then the
+    concatenation is ``bucket`` itself (the unpacked views came back unchanged)."""
+    if type(bucket) is not np.ndarray or bucket.ndim != 1 or bucket.size != total or \
+            bucket.dtype != values[0].dtype or not bucket.flags.c_contiguous:
+        return False
+    start, itemsize = _address(bucket), bucket.itemsize
+    offset = 0
+    for value in values:
+        if value.size and (not value.flags.c_contiguous or
+                           _address(value) != start + offset * itemsize):
+            return False
+        offset += value.size
+    return True
 
 
 @register_op("GradientBucketUnpack", inputs=(2, _MAX + 1), outputs=(1, _MAX),

@@ -171,9 +171,16 @@ def _root(ctx: OpContext, world: Any) -> int:
 @register_op("Allreduce", inputs=(2, None), outputs=(1, None), inplace=_SHIFTED_INPLACE,
              side_effects=True, cross_device=True, collective=True)
 def allreduce(ctx: OpContext) -> Outputs:
-    """Sum every local copy across devices and ranks, into every copy."""
+    """Sum every local copy across devices and ranks, into every copy.
+
+    dpgraph's argument ``wire_dtype`` (``"bfloat16"``, set by the gradient-compression pass
+    on blobs holding bfloat16 values stored as float32) makes the values cross ranks as
+    16-bit words; float16 blobs always do (:mod:`dpgraph.collectives.halfsum`)."""
     world = _world(ctx)
     _check_outputs(ctx, ctx.num_inputs - 1)
+    wire = ctx.str_arg("wire_dtype")
+    if wire:
+        return tuple(world.allreduce(_buffers(ctx), _seconds(ctx, None), wire_dtype=wire))
     return tuple(world.allreduce(_buffers(ctx), _seconds(ctx, None)))
 
 

@@ -8,7 +8,9 @@ configuration (single host or across hosts, per gradient or per bucket)::
              Sum([cpu_0/fc_w_grad_float16, cpu_1/fc_w_grad_float16]) -> cpu_0/...; Copy
              GradientDecompress(cpu_d/fc_w_grad_float16) -> cpu_d/fc_w_grad   (each device)
 
-With buckets the reducer sees bucket names, so each bucket is compressed once.  With
+With buckets the reducer sees bucket names, so each bucket is compressed once.  Across
+hosts, float16 blobs and (marked ``wire_dtype="bfloat16"``) bfloat16 ones cross ranks as
+16-bit words, summed in float32 (``dpgraph.collectives.halfsum``).  With
 ``gradient_error_feedback`` each device keeps ``<blob>_<dtype>_error`` (made empty by the
 init net) and adds it to its next gradient.  Sparse gradients are reduced uncompressed.
 Parameters and optimizer state are untouched (float32).
@@ -75,6 +77,17 @@ def _decompress(state: ParallelState, net: Any, name: str, wire: str) -> None:
     emit(net, *ops)
 
 
+def _mark_bfloat16_wire(ops: Sequence[caffe2_pb2.OperatorDef], wire: set[str]) -> None:
+    """Cross-rank ``Allreduce`` ops of compressed bfloat16 blobs (or of their staged
+    ``_red`` copies) get ``wire_dtype="bfloat16"``: their values then cross ranks as 16-bit
+    words instead of float32 ones (``dpgraph.collectives.halfsum``)."""
+    for op in ops:
+        blobs = op.input[1:]
+        if op.type == "Allreduce" and blobs and all(
+                b in wire or (b.endswith("_red") and b[:-4] in wire) for b in blobs):
+            op.arg.add(name="wire_dtype", s=b"bfloat16")
+
+
 def compressing(reduce: Reducer) -> Reducer:
     """``reduce`` with every dense name cast to ``config.gradient_dtype`` before it and cast
     back after; the compressed blob of ``x`` is ``x_<dtype>``."""
@@ -93,7 +106,10 @@ def compressing(reduce: Reducer) -> Reducer:
                 placed += _compress(state, net, name, wire)
                 pairs.append((name, wire))
                 wire_names.append(wire)
+            first = len(net.Proto().op)
             reduce(state, wire_names, net)
+            if dtype == "bfloat16":
+                _mark_bfloat16_wire(net.Proto().op[first:], set(placed))
             for name, wire in pairs:
                 _decompress(state, net, name, wire)
         finally:  # compressed blobs are not Caffe2 blobs: keep them out of the groups
