@@ -246,6 +246,7 @@ def _reused(ctx: OpContext, shape: tuple[int, ...], dtype: Any) -> np.ndarray | 
     if shared_bucket(previous) and previous.shape == tuple(shape) and \
             previous.dtype == dtype and previous.flags.writeable:
         return previous  # decompressing into the bucket the gradients are views of
+    del previous  # the runtime's check counts the references to the array
     return reusable_output(ctx, 0, tuple(shape), np.dtype(dtype))
 
 
