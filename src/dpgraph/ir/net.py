@@ -252,8 +252,9 @@ class Net:
         except BaseException:
             del ops[-1]
             raise
-        for name in external:
-            self.AddExternalInput(name)
+        if external:  # new and distinct by construction: AddExternalInput's checks hold
+            self._net.external_input.extend(external)
+            self._external_input_map.update(external)
         self._op_outputs.update(output_names)
         operator_tracebacks[self._net.name][len(ops) - 1] = _creation_stack()
         if not refs:
