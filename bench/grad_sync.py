@@ -14,10 +14,13 @@ synchronisation (every rank starts it on a barrier; the slower rank's time count
   minus the same step under ``no_sync()`` (interleaved);
 * ``bucket_25mb_float16`` / ``bucket_25mb_bfloat16``: 25 MB buckets with
   ``gradient_dtype`` (cast, Allreduce, cast back; ``<mode>_wire_bytes`` is what the
-  Allreduces move per rank: bfloat16 is emulated in float32 words, so it moves float32's
-  bytes); target ``<= 0.6x`` of the float32 bucket time;
+  Allreduces move per rank: 16-bit words for both, as the cross-rank Allreduce of bfloat16
+  blobs is marked ``wire_dtype="bfloat16"``); target ``<= 0.6x`` of the float32 bucket time;
 * ``raw_per_tensor``: ``torch.distributed.all_reduce`` on each tensor in turn;
   ``raw_one_flat_tensor``: one all_reduce of all 25.6 M values (the bandwidth floor).
+
+``<mode>_cpu`` is the CPU time (every thread of the process, Gloo's included) one rank spends
+on one synchronisation: on a loaded 2-core host the wall times follow it.
 
 ``<mode>_step`` runs the whole Parallelized net (forward, backward, synchronisation) and
 ``<mode>_exposed`` subtracts the same net without its synchronisation ops: the time the
@@ -100,6 +103,23 @@ def _subnet(model: Any, name: str, sync: bool) -> Any:
     return net
 
 
+def _wire_bytes(op: Any, value: Any) -> int:
+    """Bytes an Allreduce moves for one input: 16-bit words when it carries bfloat16."""
+    marked = any(a.name == "wire_dtype" and a.s == b"bfloat16" for a in op.arg)
+    return int(value.size) * 2 if marked else int(value.nbytes)
+
+
+def _cpu_seconds(fn: Any, iters: int, barrier: Any) -> list[float]:
+    """Process CPU seconds (all threads) of each of ``iters`` calls."""
+    spent = []
+    for _ in range(iters):
+        barrier()
+        start = time.process_time()
+        fn()
+        spent.append(time.process_time() - start)
+    return spent
+
+
 def _timed(fn: Any, iters: int, barrier: Any) -> list[float]:
     times = []
     for _ in range(iters + 1):
@@ -136,8 +156,10 @@ def _dpgraph(rank: int, size: int, store_path: str, iters: int, barrier: Any
             full += _timed(lambda n=names[1]: workspace.RunNet(n), 1, barrier)
             alone += _timed(lambda n=names[2]: workspace.RunNet(n), 1, barrier)
         allreduces = [op for op in sync.Proto().op if op.type == "Allreduce"]
-        wire = sum(int(workspace.FetchBlob(b).nbytes) for op in allreduces for b in op.input[1:])
-        results[mode] = {"times": times, "step": full, "step_without_sync": alone,
+        wire = sum(_wire_bytes(op, workspace.FetchBlob(b)) for op in allreduces
+                   for b in op.input[1:])
+        cpu = _cpu_seconds(lambda n=names[0]: workspace.RunNet(n), iters, barrier)
+        results[mode] = {"times": times, "cpu": cpu, "step": full, "step_without_sync": alone,
                          "collectives": len(allreduces), "wire_bytes": wire,
                          "buckets_mb": [round(sum(int(np.prod(dict(_shapes())[g[:-5]])) * 4
                                                   for g in bucket) / 2**20, 2)
@@ -259,6 +281,7 @@ def main() -> None:
         out[f"{mode}_step"], out[f"{mode}_exposed"] = step, step - alone
         out[f"{mode}_collectives"] = ranks[0]["dpgraph"][mode]["collectives"]
         out[f"{mode}_wire_bytes"] = ranks[0]["dpgraph"][mode]["wire_bytes"]
+        out[f"{mode}_cpu"] = _slowest_median([r["dpgraph"][mode]["cpu"] for r in ranks])
     out["bucket_auto_sizes_mb"] = ranks[0]["dpgraph"]["bucket_auto"]["buckets_mb"]
     synced = [r["torch"]["ddp_step_synced"] for r in ranks]
     unsynced = [r["torch"]["ddp_step_unsynced"] for r in ranks]
@@ -277,6 +300,8 @@ def main() -> None:
     out["views_vs_copy"] = out["bucket_25mb"] / out["bucket_25mb_copy"]
     for dtype in ("float16", "bfloat16"):
         out[f"ratio_{dtype}_vs_float32"] = out[f"bucket_25mb_{dtype}"] / out["bucket_25mb"]
+        out[f"ratio_{dtype}_vs_float32_cpu"] = (out[f"bucket_25mb_{dtype}_cpu"]
+                                                / out["bucket_25mb_cpu"])
     def met(ratio: float | None, target: float) -> bool:
         return ratio is not None and ratio <= target
 

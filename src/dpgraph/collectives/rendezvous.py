@@ -168,7 +168,7 @@ def file_store(path: str, prefix: str = "", timeout: float = 300.0) -> Any:
     FileStoreHandler) holding the store file, or an existing file; ``prefix`` scopes keys."""
     dist = _dist()
     try:
-        if os.path.isdir(path) or not os.path.exists(path):
+        if not os.path.isfile(path):  # one test: ranks race to create the directory
             os.makedirs(path, exist_ok=True)
             path = os.path.join(path, "dpgraph.store")
         store = dist.FileStore(path, -1)
