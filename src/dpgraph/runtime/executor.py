@@ -23,6 +23,7 @@ collective are never deferred.
 
 from __future__ import annotations
 
+import functools
 import heapq
 import logging
 import os
@@ -161,12 +162,16 @@ def deferrable(ops: Sequence[OpInstance], children: Sequence[Sequence[int]]) -> 
 
 class _WorkerPool:
     """``n`` daemon threads taking ``(fn, args)`` tasks from one queue, and a valve thread
-    taking ``(event, fn, args)``: it calls ``fn(*args)`` every ``DEFER_LIMIT_S`` until
-    ``event`` is set or ``fn`` returns True."""
+    that, while checks are armed, calls each ``check()`` every ``DEFER_LIMIT_S`` until it
+    returns True.  It sleeps on a timer while checks are armed (one wake per interval,
+    not per run) and blocks when none are."""
 
     def __init__(self, num_workers: int, name: str) -> None:
         self.tasks: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self.valve: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._checks: dict[int, Any] = {}
+        self._checks_lock = threading.Lock()
+        self._armed = threading.Event()
+        self._closing = threading.Event()
         self.threads = [threading.Thread(target=self._loop, name=f"{name}-{i}", daemon=True)
                         for i in range(num_workers)]
         self.threads.append(threading.Thread(target=self._valve_loop, name=f"{name}-valve",
@@ -181,23 +186,37 @@ class _WorkerPool:
                 return
             task[0](*task[1:])
 
+    def arm(self, key: int, check: Any) -> None:
+        """Have the valve call ``check()`` every ``DEFER_LIMIT_S`` until it returns True."""
+        with self._checks_lock:
+            self._checks[key] = check
+            if not self._armed.is_set():
+                self._armed.set()
+
     def _valve_loop(self) -> None:
         while True:
-            task = self.valve.get()
-            if task is None:
+            self._armed.wait()
+            if self._closing.wait(DEFER_LIMIT_S):
                 return
-            while not task[0].wait(DEFER_LIMIT_S) and not task[1](*task[2:]):
-                pass
+            with self._checks_lock:
+                checks = list(self._checks.items())
+            finished = [key for key, check in checks if check()]
+            with self._checks_lock:
+                for key in finished:
+                    self._checks.pop(key, None)
+                if not self._checks:
+                    self._armed.clear()
 
     def close(self) -> None:
         for _ in self.threads[:-1]:
             self.tasks.put(None)
-        self.valve.put(None)
+        self._closing.set()
+        self._armed.set()
 
 
 class _RunState:
     __slots__ = ("pending", "in_flight", "errors", "lock", "done", "blobs", "placement",
-                 "deferred", "valve_armed", "finished", "seen")
+                 "deferred", "valve_armed", "finished", "seen", "looked")
 
     def __init__(self, pending: list[int], blobs: Blobs, placement: Placement) -> None:
         self.pending = pending
@@ -209,6 +228,7 @@ class _RunState:
         self.deferred: list[int] = []  # a heap of ready deferrable ops no thread runs yet
         self.valve_armed = False
         self.finished = self.seen = 0  # ops done; ops done when the valve last looked
+        self.looked = False  # whether the valve looked since the ops were deferred
 
 
 class DagExecutor:
@@ -294,9 +314,12 @@ class DagExecutor:
         no op finished since the last look (a thread may wait for one of them) or a CPU is
         idle.  True when the valve is done with this run."""
         with state.lock:
-            stalled = state.finished == state.seen
-            state.seen = state.finished
-            if state.deferred and not stalled and not idle_cpu():
+            if state.done.is_set() or not state.deferred:
+                state.valve_armed = False
+                return True
+            stalled = state.looked and state.finished == state.seen
+            state.looked, state.seen = True, state.finished
+            if not stalled and not idle_cpu():
                 return False
             state.valve_armed = False
             self._hand_over(state, pool)
@@ -329,8 +352,8 @@ class DagExecutor:
                 elif self.deferrable[child]:
                     heapq.heappush(state.deferred, child)
                     if not state.valve_armed:
-                        state.valve_armed, state.seen = True, state.finished
-                        pool.valve.put((state.done, self._valve, state, pool))
+                        state.valve_armed, state.looked = True, False
+                        pool.arm(id(state), functools.partial(self._valve, state, pool))
                 else:
                     pool.tasks.put((self._run_chain, state, child, pool))
         return following
