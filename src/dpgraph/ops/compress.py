@@ -50,13 +50,13 @@ DTYPES = ("float16", "bfloat16")
 
 #: Arrays at least this large are cast by torch's vectorised kernels when torch is
 #: installed (numpy's float16 casts are scalar: ~10x slower); smaller ones by numpy.
-_TORCH_MIN_SIZE = 1 << 14
+TORCH_MIN_SIZE = 1 << 14
 #: Elements cast at a time: the chunk is still in the cache when its NaN check reads it.
 _CHUNK = 1 << 18
 _TORCH: list[Any] = []
 
 
-def _torch() -> Any:
+def torch_module() -> Any:
     """torch, or None when it is not installed (imported once, on the first large cast)."""
     if not _TORCH:
         try:
@@ -69,10 +69,10 @@ def _torch() -> Any:
 
 def _fast(*arrays: np.ndarray) -> Any:
     """torch when every array is a large C-contiguous numpy array and torch is there."""
-    if arrays[0].size < _TORCH_MIN_SIZE or not all(
+    if arrays[0].size < TORCH_MIN_SIZE or not all(
             type(a) is np.ndarray and a.flags.c_contiguous for a in arrays):
         return None
-    return _torch()
+    return torch_module()
 
 
 def _out(out: np.ndarray | None, like: np.ndarray, dtype: Any) -> np.ndarray:
