@@ -99,6 +99,17 @@ def test_float16_with_two_ranks_is_bitwise_the_half_precision_sum(tmp_path: Path
         world.close()
 
 
+def test_a_strided_float16_copy_is_reduced_and_written_back(worlds: list[Any]) -> None:
+    size = len(worlds)
+    data = _data(size, 2 * 3001)
+    wide = [copies[0].astype(np.float16).reshape(3001, 2) for copies in data]
+    buffers = [[w[:, 0]] for w in wide]  # not contiguous
+    _on_ranks(size, lambda r: worlds[r].allreduce(buffers[r]))
+    expected = _float16_reference([[c[0].reshape(3001, 2)[:, 0].copy()] for c in data])
+    for rank in range(size):
+        np.testing.assert_array_equal(wide[rank][:, 0].view(np.uint16), expected.view(np.uint16))
+
+
 def test_several_local_copies_are_summed_in_float32_first(worlds: list[Any]) -> None:
     size = len(worlds)
     data = _data(size, 5000, copies=2)

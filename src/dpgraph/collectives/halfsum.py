@@ -117,12 +117,16 @@ class HalfSum:
     # --- the three steps -----------------------------------------------------------------
     def local_payload(self, copies: Sequence[np.ndarray]) -> np.ndarray:
         """The 16-bit words (uint16, 1-D) of the float32 sum of the local copies; a single
-        float16 copy is used in place (its result is written back into it)."""
+        contiguous, writable float16 copy is used in place (its result is written back into
+        it)."""
         first = copies[0]
-        if self.wire == "float16" and len(copies) == 1 and first.flags.c_contiguous and \
-                first.flags.writeable:
-            return first.reshape(-1).view(np.uint16)
         count = first.size
+        if self.wire == "float16" and len(copies) == 1:
+            if first.flags.c_contiguous and first.flags.writeable:
+                return first.reshape(-1).view(np.uint16)
+            payload = self.scratch("payload", count, np.uint16)
+            np.copyto(payload.view(np.float16), first.reshape(-1))
+            return payload
         payload = self.scratch("payload", count, np.uint16)
         if len(copies) == 1:  # bfloat16: round the float32 values
             return self.narrow(np.ascontiguousarray(first).reshape(-1), payload)
