@@ -15,11 +15,10 @@ import numpy as np
 from dpgraph.errors import ArgumentError, GradientError
 from dpgraph.ir.arguments import arguments_dict
 from dpgraph.ir.registry import register_gradient, register_op
-from dpgraph.ops._common import as_dtype, same_as_input, same_float_arrays
+from dpgraph.ops._common import as_dtype, out_buffer, same_as_input, same_float_arrays
 from dpgraph.ops.context import OpContext, Outputs
 from dpgraph.ops.fill import DataType
 from dpgraph.ops.gradient_builder import GradientBuilder
-from dpgraph.ops.nn import output_array
 
 _SELU_ALPHA = 1.6732632423543772848170429916717
 _SELU_SCALE = 1.0507009873554804934193349852946
@@ -84,7 +83,7 @@ def _register_activation(op_type: str) -> None:
     def kernel(ctx: OpContext) -> Outputs:
         x = ctx.xp.asarray(ctx.inputs[0])
         if forward_into is not None and same_float_arrays(x):
-            return (forward_into(x, output_array(ctx, 0, 0)),)
+            return (forward_into(x, out_buffer(ctx, 0, 0)),)
         return (as_dtype(ctx.xp, forward(ctx, ctx.xp, x), x.dtype),)
 
     kernel.__doc__ = f"Y = {op_type}(X), elementwise."
@@ -93,7 +92,7 @@ def _register_activation(op_type: str) -> None:
     def grad_kernel(ctx: OpContext) -> Outputs:
         y, dy = (ctx.xp.asarray(v) for v in ctx.inputs)
         if backward_into is not None and same_float_arrays(y, dy) and y.shape == dy.shape:
-            return (backward_into(y, dy, output_array(ctx, 1, 0)),)
+            return (backward_into(y, dy, out_buffer(ctx, 1, 0)),)
         return (as_dtype(ctx.xp, backward(ctx, ctx.xp, y, dy), dy.dtype),)
 
     grad_kernel.__doc__ = f"[Y, dY] -> dX for {op_type}."
