@@ -25,7 +25,6 @@ import numpy as np
 
 from dpgraph.ir.registry import register_op
 from dpgraph.ops.context import OpContext, Outputs
-from dpgraph.ops.nn import reusable_output
 
 _MAX = 4096
 _UNPACK_INPLACE = [(i + 1, i) for i in range(_MAX)]
@@ -83,6 +82,16 @@ def gradient_bucket_pack(ctx: OpContext) -> Outputs:
         np.copyto(out[offset:offset + value.size], value.reshape(-1))
         offset += value.size
     return (out,)
+
+
+def reusable_output(ctx: OpContext, index: int, shape: tuple[int, ...],
+                    dtype: Any) -> np.ndarray | None:
+    """Output ``index``'s array from the previous run when the runtime lets the kernel
+    write this run's value into it (``RuntimeOpContext.reusable_output``: nothing else
+    references it), else None.  Call it only after every check passed, holding no reference
+    to that array (the runtime counts them)."""
+    reuse = getattr(ctx, "reusable_output", None)
+    return None if reuse is None else reuse(index, shape, np.dtype(dtype))
 
 
 #: Buckets a GradientBucketPack returned without copying (their gradients are views of

@@ -41,9 +41,8 @@ import numpy as np
 
 from dpgraph.ir.registry import register_op
 from dpgraph.ops._common import host
-from dpgraph.ops.bucket import shared_bucket
+from dpgraph.ops.bucket import reusable_output, shared_bucket
 from dpgraph.ops.context import OpContext, Outputs
-from dpgraph.ops.nn import reusable_output
 
 #: gradient_dtype names accepted by the ops (and by Parallelize).
 DTYPES = ("float16", "bfloat16")
