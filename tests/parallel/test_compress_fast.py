@@ -87,6 +87,10 @@ def _runtime_workspace() -> Any:
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_compress_kernels_reuse_their_output_arrays(dtype: str) -> None:
+    from dpgraph.runtime.operator import RuntimeOpContext
+
+    if not hasattr(RuntimeOpContext, "reusable_output"):
+        pytest.skip("this runtime does not offer output reuse (the kernels allocate)")
     x = _bits(LARGE, seed=3)
     x = x[np.isfinite(x)][: 2 * compress._CHUNK]
     ops = [core.CreateOperator("GradientCompress", ["g"], ["y"], dtype=dtype),
