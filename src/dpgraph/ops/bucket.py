@@ -10,7 +10,9 @@ gradient_bucket_mb=...)`` so that one collective moves many gradients::
 
 The bucket is the raveled inputs, concatenated in input order (one copy, into the bucket's
 array of the previous run when the runtime allows it, so no page is faulted in again; no copy
-at all when every input already is its slice of that array, as the unpacked views are).
+at all when every input already is its slice of that array, as the unpacked views are: the
+collective then reduces those gradients' memory in place, so they hold the reduced values as
+soon as it ran, as they would after the unpack).
 Unpacking makes each output a *view* of the bucket with the shape of the matching template
 input, so no copy is made (``copy=1`` copies instead).  Every element is moved, never combined, so a
 reduction over buckets gives bitwise the values of the same reduction blob by blob.
