@@ -227,3 +227,15 @@ def test_shape_functions() -> None:
     gru = make_op("GRUUnit", ["h", "g", "t"], ["H"])
     assert OPERATORS.lookup("GRUUnit").shape_fn(gru, [(1, 2, 3), (1, 2, 9), (1,)],
                                                 [1, 1, 2]) == [((1, 2, 3), 1)]
+
+
+def test_top_k_larger_than_the_axis_pads_with_zero_and_minus_one() -> None:
+    x = np.array([[3.0, 1.0], [0.5, 2.0]], dtype=np.float32)
+    op = make_op("TopK", ["X"], ["V", "I", "F"], k=3)
+    values, indices, flat = run_op(op, [x])
+    assert values.tolist() == [[3.0, 1.0, 0.0], [2.0, 0.5, 0.0]]
+    assert indices.tolist() == [[0, 1, -1], [1, 0, -1]]
+    assert flat.tolist() == [0, 1, -1, 3, 2, -1]
+    (dx,) = run_op(make_op("TopKGradient", ["dV", "I", "X"], ["dX"]),
+                   [np.ones((2, 3), np.float32), indices, x])
+    assert dx.tolist() == [[1.0, 1.0], [1.0, 1.0]]

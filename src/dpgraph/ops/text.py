@@ -97,16 +97,28 @@ def top_k(ctx: OpContext) -> Outputs:
         raise ctx.fail(f"axis {ctx.int_arg('axis', -1)} is out of range for {x.ndim}-D X")
     k = ctx.int_arg("k", -1)
     k = x.shape[axis] if k == -1 else k
-    if not 0 < k <= x.shape[axis] and x.size:
-        raise ctx.fail(f"k = {k} must lie in [1, {x.shape[axis]}]")
-    order = np.take(_descending_order(x, axis), np.arange(k), axis=axis)
+    if k < 1 and x.size:
+        raise ctx.fail(f"k = {k} must be >= 1 (or -1 for the whole axis)")
+    found = min(k, x.shape[axis])
+    order = np.take(_descending_order(x, axis), np.arange(found), axis=axis)
     values = np.take_along_axis(x, order, axis=axis)
     outs = [values, order.astype(np.int64)]
     if ctx.num_outputs == 3:  # positions in X.reshape(-1), in the order of values
         coords: list[Any] = list(np.indices(order.shape))
         coords[axis] = order
-        outs.append(np.ravel_multi_index(tuple(coords), x.shape).reshape(-1).astype(np.int64))
+        outs.append(np.ravel_multi_index(tuple(coords), x.shape).astype(np.int64))
+    if k > found:  # as Caffe2: the missing places hold value 0 and index -1
+        outs = [_pad_axis(out, axis, k - found, 0 if i == 0 else -1)
+                for i, out in enumerate(outs)]
+    if ctx.num_outputs == 3:
+        outs[2] = outs[2].reshape(-1)
     return outs
+
+
+def _pad_axis(a: np.ndarray, axis: int, extra: int, value: int) -> np.ndarray:
+    widths = [(0, 0)] * a.ndim
+    widths[axis] = (0, extra)
+    return np.pad(a, widths, constant_values=value)
 
 
 @register_gradient("TopK")
@@ -121,7 +133,10 @@ def top_k_gradient(ctx: OpContext) -> Outputs:
     axis = ctx.int_arg("axis", -1)
     axis = axis + x.ndim if axis < 0 else axis
     dx = np.zeros(x.shape, dtype=dvalues.dtype)
-    np.put_along_axis(dx, indices.astype(np.int64), dvalues, axis=axis)
+    indices = indices.astype(np.int64)
+    found = min(indices.shape[axis], x.shape[axis])  # places past the axis hold index -1
+    kept = np.take(indices, np.arange(found), axis=axis)
+    np.put_along_axis(dx, kept, np.take(dvalues, np.arange(found), axis=axis), axis=axis)
     return (dx,)
 
 
