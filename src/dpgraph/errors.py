@@ -109,6 +109,10 @@ class OperatorError(DpgraphError, RuntimeError):
     """An operator failed while running; the kernel's exception is chained."""
 
 
+class NetCancelledError(WorkspaceError):
+    """A net's run was cancelled (``workspace.C.Net.cancel()``) before it finished."""
+
+
 class QueueClosedError(DpgraphError, RuntimeError):
     """A blobs queue was closed while an op waited on it."""
 

@@ -73,8 +73,9 @@ from dpgraph.runtime.immediate import (
 )
 from dpgraph.runtime.net_transforms import ApplyTransform, ApplyTransformIfFaster
 from dpgraph.runtime.op_cost import GetOperatorCost
-from dpgraph.runtime.workspace import Workspace
 
+#: Caffe2's ``workspace.Workspace`` is the binding's workspace class (``C.Workspace``).
+Workspace = C.Workspace
 GpuDeviceType = CUDA
 NumCudaDevices = NumGpuDevices
 GetCudaPeerAccessPattern = GetGpuPeerAccessPattern  # Caffe2 2018 name

@@ -228,7 +228,10 @@ def test_device_queries_without_gpus() -> None:
 
 
 def test_workspace_class_direct_use() -> None:
-    ws = workspace.Workspace("rt_direct", seed=3)
+    from dpgraph.runtime import Workspace
+
+    assert workspace.Workspace is workspace.C.Workspace  # Caffe2's alias
+    ws = Workspace("rt_direct", seed=3)
     ws.feed_blob("x", np.array([2.0], np.float32))
     ws.run_net_once(_scale_net("rt_direct_net"))
     np.testing.assert_array_equal(ws.fetch_blob("y"), [4.0])

@@ -134,6 +134,11 @@ class Net:
     def run(self) -> bool:
         return self._ws.run_net(self._name)
 
+    def cancel(self) -> None:
+        """Stop this net's run in progress (from another thread): its blocked queue ops
+        return and ``run()`` raises NetCancelledError."""
+        self._ws.net(self._name).cancel()
+
     def __repr__(self) -> str:
         return f"Net({self._name!r})"
 

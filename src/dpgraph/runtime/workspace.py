@@ -19,7 +19,13 @@ import numpy as np
 from dpgraph.collectives.services import SERVICES, CollectiveServices
 from dpgraph.db.services import SERVICES as STORAGE_SERVICES
 from dpgraph.db.services import StorageServices
-from dpgraph.errors import BlobNotFoundError, DpgraphError, WorkspaceError, did_you_mean
+from dpgraph.errors import (
+    BlobNotFoundError,
+    DpgraphError,
+    NetCancelledError,
+    WorkspaceError,
+    did_you_mean,
+)
 from dpgraph.ir import scope
 from dpgraph.ir.device import device_key, device_name
 from dpgraph.ir.proto_io import (
@@ -30,6 +36,7 @@ from dpgraph.ir.proto_io import (
     parse_proto,
 )
 from dpgraph.ops.fill import NUMPY_DTYPES
+from dpgraph.ops.queue import cancel_blocking_waits, forget_cancelled
 from dpgraph.proto import caffe2_pb2
 from dpgraph.runtime import devices
 from dpgraph.runtime.executor import SimpleExecutor, make_executor
@@ -66,12 +73,43 @@ class NetInstance:
         self.executor = make_executor(self.proto.type, self.ops, self.proto.num_workers,
                                       self.name)
         self.checked = False
+        self._cancelled = threading.Event()
+        self._runner: int | None = None  # the thread in run(), while it runs
 
     def run(self) -> None:
         if not self.checked:  # once per created net (and per RunNetOnce)
             self.checked = True
             run_first_run_checks(self.workspace, self.proto)
-        self.executor.run(self.workspace._blobs, self.workspace._placement)
+        self._cancelled.clear()
+        self._runner = threading.get_ident()
+        try:
+            self.executor.run(self.workspace._blobs, self.workspace._placement)
+        except Exception as error:
+            if self._cancelled.is_set():
+                raise self._cancelled_error() from error
+            raise
+        finally:
+            forget_cancelled(self._threads())
+            self._runner = None
+        if self._cancelled.is_set():
+            raise self._cancelled_error()
+
+    def cancel(self) -> None:
+        """Stop a run in progress (Caffe2's ``NetBase::Cancel``): ops blocked on a queue
+        return, and ``run()`` raises :class:`NetCancelledError`."""
+        self._cancelled.set()
+        cancel_blocking_waits(self._threads())
+
+    def _threads(self) -> list[int]:
+        """The threads that run this net's ops: the caller of run() and the executor's."""
+        prefix = f"dpgraph-{self.name}-"
+        idents = [t.ident for t in threading.enumerate()
+                  if t.name.startswith(prefix) and t.ident is not None]
+        return idents + ([self._runner] if self._runner is not None else [])
+
+    def _cancelled_error(self) -> NetCancelledError:
+        return NetCancelledError(f"Net {self.name!r} was cancelled while running; run it again "
+                                 f"to start over.")
 
     def close(self) -> None:
         self.executor.close()
