@@ -291,3 +291,17 @@ def test_sparse_lengths_weighted_sum_gradient_on_weights() -> None:
                              ["W", "Y_grad", "L", "D", "I"], ["D_grad_values", "W_grad"])]
     assert g_in[:2] == [GradientSlice("I", "D_grad_values"), "W_grad"]
     check_gradient(op, [data, w, idx, lengths], inputs_to_check=[0, 1])
+
+
+@pytest.mark.parametrize("op_type", ["Gather", "BatchGather"])
+def test_gather_match_outer_and_its_gradient(op_type: str) -> None:
+    rng = np.random.default_rng(5)
+    data = rng.standard_normal((2, 3, 4, 2))
+    idx = rng.integers(0, 4, size=(2, 3, 5)).astype(np.int32)
+    op = make_op(op_type, ["D", "I"], ["Y"], axis=2, match_outer=1)
+    (y,) = run_op(op, [data, idx])
+    expected = np.stack([np.stack([data[b, r, idx[b, r]] for r in range(3)]) for b in range(2)])
+    np.testing.assert_array_equal(y, expected)
+    check_gradient(op, [data, idx], inputs_to_check=[0])
+    with pytest.raises(ShapeError, match="outer dims"):
+        run_op(op, [data, idx[:1]])

@@ -59,7 +59,37 @@ def gather(ctx: OpContext) -> Outputs:
     axis = ctx.int_arg("axis", 0)
     axis = axis + data.ndim if axis < 0 else axis
     idx = _gather_indices(ctx, indices, data.shape[axis])
+    if ctx.int_arg("match_outer", 0):
+        return (_gather_match_outer(ctx, data, idx, axis),)
     return (ctx.xp.take(data, ctx.xp.asarray(idx), axis=axis),)
+
+
+def _outer_views(ctx: OpContext, shape: tuple[int, ...], idx: Any, axis: int
+                 ) -> tuple[int, int, Any]:
+    """``match_outer``: INDICES' first ``axis`` dims are DATA's; returns (outer size, inner
+    size after the axis, INDICES as [outer, per-outer count])."""
+    if tuple(idx.shape[:axis]) != tuple(shape[:axis]):
+        raise ctx.fail(f"match_outer needs INDICES {tuple(idx.shape)} to start with DATA's "
+                       f"outer dims {tuple(shape[:axis])}")
+    outer = int(np.prod(shape[:axis], dtype=np.int64))
+    inner = int(np.prod(shape[axis + 1:], dtype=np.int64))
+    return outer, inner, idx.reshape(outer, -1)
+
+
+def _gather_match_outer(ctx: OpContext, data: Any, idx: Any, axis: int) -> Any:
+    """``out[o..., j..., r...] = data[o..., idx[o..., j...], r...]``."""
+    outer, inner, rows = _outer_views(ctx, data.shape, idx, axis)
+    flat = data.reshape(outer, data.shape[axis], inner)
+    picked = flat[np.arange(outer)[:, None], rows]
+    return picked.reshape(*data.shape[:axis], *idx.shape[axis:], *data.shape[axis + 1:])
+
+
+def _scatter_add(size: int, positions: Any, values: Any, dtype: Any) -> Any:
+    """A length-``size`` array with ``values`` summed at ``positions`` (np.bincount: one C
+    pass, unlike np.add.at; sums in float64, then cast)."""
+    summed = np.bincount(positions.reshape(-1), weights=values.reshape(-1).astype(np.float64),
+                         minlength=size)
+    return summed.astype(dtype, copy=False)
 
 
 @register_gradient("Gather")
@@ -79,7 +109,10 @@ def batch_gather(ctx: OpContext) -> Outputs:
     """[DATA (B×N×...), INDICES] -> DATA[:, INDICES] (gather along ``axis``, default 1)."""
     data, indices = ctx.inputs
     axis = ctx.int_arg("axis", 1)
+    axis = axis + data.ndim if axis < 0 else axis
     idx = _gather_indices(ctx, indices, data.shape[axis])
+    if ctx.int_arg("match_outer", 0):
+        return (_gather_match_outer(ctx, data, idx, axis),)
     return (ctx.xp.take(data, ctx.xp.asarray(idx), axis=axis),)
 
 
@@ -94,15 +127,20 @@ def batch_gather_gradient(ctx: OpContext) -> Outputs:
     """[DATA, INDICES, dOut] -> dDATA: dOut scattered back (summed) along ``axis``."""
     data, indices, dout = ctx.inputs
     axis = ctx.int_arg("axis", 1)
+    axis = axis + data.ndim if axis < 0 else axis
     idx = _gather_indices(ctx, indices, data.shape[axis])
-    moved = np.zeros((data.shape[axis], *data.shape[:axis], *data.shape[axis + 1:]),
-                     dtype=dout.dtype)
-    # dOut is data[:axis] + idx.shape + data[axis+1:]; bring the idx dims to the front.
-    lead = list(range(axis, axis + idx.ndim))
-    rest = [d for d in range(dout.ndim) if d not in lead]
-    values = np.transpose(dout, lead + rest).reshape(idx.size, *moved.shape[1:])
-    np.add.at(moved, idx.reshape(-1), values)
-    return (np.moveaxis(moved, 0, axis),)
+    dout = np.asarray(dout)
+    size = data.shape[axis]
+    if ctx.int_arg("match_outer", 0):
+        outer, inner, rows = _outer_views(ctx, data.shape, idx, axis)
+        base = np.arange(outer)[:, None] * size + rows  # row of data.reshape(-1, inner)
+    else:
+        outer = int(np.prod(data.shape[:axis], dtype=np.int64))
+        inner = int(np.prod(data.shape[axis + 1:], dtype=np.int64))
+        base = np.arange(outer)[:, None] * size + idx.reshape(1, -1)
+    positions = base[..., None] * inner + np.arange(inner)
+    grad = _scatter_add(outer * size * inner, positions, dout, dout.dtype)
+    return (grad.reshape(data.shape),)
 
 
 # --- scatter ---------------------------------------------------------------------------------
