@@ -270,9 +270,10 @@ def test_incomplete_chunks_are_a_size_mismatch(tmp_path: Path) -> None:
 def test_allow_incomplete_keeps_existing_blobs(tmp_path: Path) -> None:
     path = _saved_pair(tmp_path)
     workspace.FeedBlob("c", np.full(2, 5, np.int32))
-    _load(path, ["a", "c"], allow_incomplete=True)
+    _load(path, ["a", "c", "never_there"], allow_incomplete=True)
     np.testing.assert_array_equal(workspace.FetchBlob("c"), [5, 5])
     assert workspace.FetchBlob("a").shape == (4,)
+    assert not workspace.HasBlob("never_there")  # not loaded, no content before: removed
 
 
 def test_root_folder_and_absolute_path(tmp_path: Path) -> None:

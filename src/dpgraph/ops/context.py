@@ -19,6 +19,18 @@ from dpgraph.proto import caffe2_pb2
 Outputs = Sequence[Any]
 
 
+class _RemoveBlob:
+    """The type of :data:`REMOVE_BLOB`."""
+
+    def __repr__(self) -> str:
+        return "REMOVE_BLOB"
+
+
+#: An output value meaning "remove this blob from the workspace" (Load with
+#: ``allow_incomplete`` drops requested blobs it did not find and that held nothing before).
+REMOVE_BLOB = _RemoveBlob()
+
+
 class OpContext:
     """One operator instance, bound to a workspace and a device.
 

@@ -28,7 +28,7 @@ from dpgraph.ir.blob_size import estimate_blob_size, estimate_tensor_size
 from dpgraph.ir.device import device_key
 from dpgraph.ir.registry import OPERATORS, register_gradient, register_op
 from dpgraph.ops import dataset_serde  # noqa: F401  (registers blob serializers)
-from dpgraph.ops.context import OpContext, Outputs
+from dpgraph.ops.context import REMOVE_BLOB, OpContext, Outputs
 from dpgraph.ops.db import on_device, reader_input, required_str, resolve_path, storage
 from dpgraph.ops.device_copy import OUTPUT_PLACEMENT
 from dpgraph.ops.fill import no_gradient
@@ -275,8 +275,9 @@ def _store_extra_and_outputs(ctx: OpContext, loader: _Loader, wanted: list[str])
     outputs, keys = [], []
     for i, name in enumerate(wanted):
         blob = loader.blobs.get(name)
-        if blob is None:
-            outputs.append(ctx.prev_output(i))
+        if blob is None:  # allow_incomplete: keep what the blob held, or remove it
+            previous_value = ctx.prev_output(i)
+            outputs.append(REMOVE_BLOB if previous_value is None else previous_value)
             previous = _placement_of(ctx, ctx.output_name(i))
             keys.append(previous if previous is not None else device_key(ctx.device))
         else:

@@ -31,7 +31,7 @@ from dpgraph.errors import (
 from dpgraph.ir.arguments import arguments_dict
 from dpgraph.ir.device import device_key, device_name, effective_device
 from dpgraph.ir.registry import OPERATORS, OpSchema
-from dpgraph.ops.context import OpContext
+from dpgraph.ops.context import REMOVE_BLOB, OpContext
 from dpgraph.proto import caffe2_pb2
 from dpgraph.runtime import devices
 
@@ -243,6 +243,10 @@ class OpInstance:
             if type(value) is not _ndarray:
                 if isinstance(value, np.generic):
                     value = np.asarray(value)
+                elif value is REMOVE_BLOB:
+                    blobs.pop(name, None)
+                    placement.pop(name, None)
+                    continue
                 elif not devices.is_array(value):
                     blobs[name] = value
                     placement[name] = None
