@@ -238,3 +238,11 @@ def test_workspace_class_direct_use() -> None:
     assert not workspace.HasBlob("y")  # the current workspace is untouched
     workspace.SwitchWorkspace(ws)
     assert workspace.CurrentWorkspace() == "rt_direct" and workspace.HasBlob("y")
+
+
+def test_failed_input_checks_carry_caffe2s_enforce_prefix() -> None:
+    net = core.Net("enforce_split")
+    net.Split(net.AddExternalInput("a"), ["b", "c"], axis=0)
+    workspace.FeedBlob("a", np.array([1, 2, 3], dtype=np.float32))
+    with pytest.raises(RuntimeError, match=r"failed: \[enforce fail at Split\] ShapeError"):
+        workspace.RunNetOnce(net)

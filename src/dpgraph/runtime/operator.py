@@ -276,7 +276,11 @@ class OpInstance:
         raw = isinstance(cause, (ValueError, IndexError)) and not isinstance(cause, DpgraphError) \
             and not self.type.startswith("Python")  # user code raised: no guessing
         cause = _typed_cause(cause, self.type)
-        lines = [f"{self._where()} failed: {type(cause).__name__}: {cause}"]
+        # a failed check of the op's inputs or arguments is Caffe2's EnforceNotMet: scripts
+        # and tests look for its "[enforce fail at ...]" prefix
+        enforce = f"[enforce fail at {self.type}] " if isinstance(
+            cause, (ShapeError, ArgumentError)) else ""
+        lines = [f"{self._where()} failed: {enforce}{type(cause).__name__}: {cause}"]
         lines.append("  inputs: " + ", ".join(
             f"{n} ({_describe_value(v, (placement or {}).get(n))})"
             for n, v in zip(self.inputs, values)) if self.inputs else "  inputs: none")
