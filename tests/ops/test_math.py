@@ -432,3 +432,28 @@ def test_arg_max_min(op_type: str, fn) -> None:
     np.testing.assert_array_equal(out[:, 0], fn(x, axis=1))
     (flat,) = run_op(CreateOperator(op_type, ["X"], ["I"], keepdims=0), [x])
     np.testing.assert_array_equal(flat, fn(x, axis=-1))
+
+
+@pytest.mark.parametrize("kind", ["Sum", "Mean", "Max"])
+@pytest.mark.parametrize("front", [True, False])
+def test_reduce_front_back_with_lengths(kind: str, front: bool) -> None:
+    x = RNG.standard_normal((4, 3, 2))
+    lengths = np.array([1, 4, 2, 3, 4, 2] if front else [1, 6, 3, 2], dtype=np.int32)
+    op_type = f"Reduce{'Front' if front else 'Back'}{kind}"
+    op = CreateOperator(op_type, ["X", "L"], ["Y"], num_reduce_dim=1 if front else 2)
+    (y,) = run_op(op, [x, lengths])
+    x2 = x.reshape(4, 6)
+    reduce = {"Sum": np.sum, "Mean": np.mean, "Max": np.max}[kind]
+    expected = [reduce(x2[:n, j]) for j, n in enumerate(lengths)] if front else \
+        [reduce(x2[i, :n]) for i, n in enumerate(lengths)]
+    assert y.shape == ((3, 2) if front else (4,))
+    np.testing.assert_allclose(y.reshape(-1), expected)
+    ops, _ = build_gradient(op, ["Y_grad"])
+    assert list(ops[0].input)[-1] == "L" and ops[0].type == op_type + "Gradient"
+    if kind != "Max":
+        check_gradient(op, [x, lengths], inputs_to_check=[0])
+        (by_shape,) = run_op(CreateOperator(op_type + "Gradient", ["dY", "S", "L"], ["dX"],
+                                            num_reduce_dim=1 if front else 2),
+                             [np.ones_like(y), np.array(x.shape, np.int64), lengths])
+        (by_x,) = run_op(ops[0], [np.ones_like(y), x, lengths])
+        np.testing.assert_array_equal(by_shape, by_x)

@@ -11,12 +11,13 @@ and ``-G`` (``testWithArgs``) writes such files.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import inspect
 import os
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -121,6 +122,16 @@ class SerializedTestCase(HypothesisTestCase):
                                                 threshold if atol is None else atol,
                                                 threshold)
         return outs
+
+    @contextlib.contextmanager
+    def set_disable_serialized_check(self, value: bool) -> Iterator[None]:
+        """Within the block, skip (``True``) or do the serialized-output comparison."""
+        previous = getattr(_output_context, "disable_serialized_check", False)
+        _output_context.disable_serialized_check = value
+        try:
+            yield
+        finally:
+            _output_context.disable_serialized_check = previous
 
 
 def testWithArgs() -> None:

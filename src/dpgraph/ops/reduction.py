@@ -9,9 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from dpgraph.errors import ArgumentError
 from dpgraph.ir.registry import register_gradient, register_op
-from dpgraph.ops._common import ShapeResult, as_dtype, same_as_input
+from dpgraph.ops._common import ShapeResult, as_dtype, same_as_input, to_host
 from dpgraph.ops.context import OpContext, Outputs
 from dpgraph.ops.fill import DataType
 from dpgraph.ops.gradient_builder import GradientBuilder
@@ -67,18 +66,6 @@ def sum_sqr_elements(ctx: OpContext) -> Outputs:
     return (as_dtype(ctx.xp, total, x.dtype),)
 
 
-def _front_back(ctx: OpContext, front: bool) -> tuple[Any, tuple[int, ...]]:
-    if len(ctx.inputs) > 1:
-        raise ArgumentError(ctx.describe("the lengths input of Reduce(Front|Back) ops is not "
-                                         "supported by dpgraph; drop it"))
-    x = ctx.xp.asarray(ctx.inputs[0])
-    count = ctx.int_arg("num_reduce_dim", 1)
-    if not 0 <= count <= x.ndim:
-        raise ctx.fail(f"num_reduce_dim {count} must be in [0, {x.ndim}]")
-    axes = tuple(range(count)) if front else tuple(range(x.ndim - count, x.ndim))
-    return x, axes
-
-
 _REDUCERS: dict[str, Callable[..., Any]] = {
     "Sum": lambda xp, x, axes, keep: xp.sum(x, axis=axes, keepdims=keep),
     "Mean": lambda xp, x, axes, keep: xp.mean(x, axis=axes, keepdims=keep),
@@ -89,40 +76,116 @@ _REDUCERS: dict[str, Callable[..., Any]] = {
 }
 
 
+class _FrontBack:
+    """The 2-D view of a Reduce(Front|Back)* op: ``rows x cols``, reduced over rows (front)
+    or columns (back), and which entries the optional LENGTHS input keeps (front: the first
+    ``lengths[c]`` rows of column c; back: the first ``lengths[r]`` columns of row r)."""
+
+    def __init__(self, ctx: OpContext, shape: Sequence[int], front: bool,
+                 lengths: Any = None) -> None:
+        count = ctx.int_arg("num_reduce_dim", 1)
+        if not 0 <= count <= len(shape):
+            raise ctx.fail(f"num_reduce_dim {count} must be in [0, {len(shape)}]")
+        split = count if front else len(shape) - count
+        self.shape = tuple(int(d) for d in shape)
+        self.kept = self.shape[split:] if front else self.shape[:split]
+        self.rows = int(np.prod(self.shape[:split], dtype=np.int64))
+        self.cols = int(np.prod(self.shape[split:], dtype=np.int64))
+        self.axis = 0 if front else 1
+        self.mask: Any = None
+        self.count: Any = self.rows if front else self.cols
+        if lengths is not None:
+            self._use_lengths(ctx, lengths, front)
+
+    def _use_lengths(self, ctx: OpContext, lengths: Any, front: bool) -> None:
+        lens = np.asarray(to_host(lengths)).reshape(-1).astype(np.int64)
+        expected, limit = (self.cols, self.rows) if front else (self.rows, self.cols)
+        if lens.size != expected:
+            raise ctx.fail(f"lengths has {lens.size} entries; expected one per kept entry "
+                           f"({expected})")
+        if lens.size and (int(lens.min()) < 0 or int(lens.max()) > limit):
+            raise ctx.fail(f"lengths must lie in [0, {limit}], got {lens.tolist()[:10]}")
+        reduced = np.arange(limit)
+        self.mask = reduced[:, None] < lens[None, :] if front else \
+            reduced[None, :] < lens[:, None]
+        self.count = lens
+
+    def reduced(self, values: Any) -> Any:
+        """``values`` (``rows x cols``) reduced to the kept shape's flat length."""
+        return values.reshape(self.kept)
+
+    def spread(self, per_kept: Any) -> Any:
+        """A kept-shape array broadcast back over the reduced axis (``rows x cols``)."""
+        flat = per_kept.reshape(-1)
+        return flat[None, :] if self.axis == 0 else flat[:, None]
+
+
+def _front_back_inputs(ctx: OpContext, front: bool) -> tuple[Any, _FrontBack]:
+    x = ctx.xp.asarray(ctx.inputs[0])
+    view = _FrontBack(ctx, x.shape, front, ctx.inputs[1] if len(ctx.inputs) > 1 else None)
+    return x.reshape(view.rows, view.cols), view
+
+
+def _reduce_2d(xp: Any, kind: str, x2: Any, view: _FrontBack) -> Any:
+    if kind == "Max":
+        low = np.finfo(x2.dtype).min if x2.dtype.kind == "f" else np.iinfo(x2.dtype).min
+        values = x2 if view.mask is None else xp.where(view.mask, x2, low)
+        return values.max(axis=view.axis) if x2.size else xp.full(
+            view.rows if view.axis else view.cols, low, dtype=x2.dtype)
+    total = (x2 if view.mask is None else x2 * view.mask).sum(axis=view.axis)
+    if kind == "Mean":
+        total = total / np.maximum(view.count, 1)
+    return total
+
+
 def _register_front_back(kind: str, front: bool) -> None:
     op_type = f"Reduce{'Front' if front else 'Back'}{kind}"
-    fn = _REDUCERS[kind]
 
     def kernel(ctx: OpContext) -> Outputs:
-        x, axes = _front_back(ctx, front)
-        if not axes:
-            return (x.copy(),)
-        return (as_dtype(ctx.xp, fn(ctx.xp, x, axes, False), x.dtype),)
+        x2, view = _front_back_inputs(ctx, front)
+        out = _reduce_2d(ctx.xp, kind, x2, view)
+        return (as_dtype(ctx.xp, view.reduced(out), x2.dtype),)
 
-    kernel.__doc__ = f"{kind} over the {'first' if front else 'last'} num_reduce_dim dims."
+    kernel.__doc__ = (f"{kind} over the {'first' if front else 'last'} num_reduce_dim dims "
+                      f"(LENGTHS: only the first lengths[i] entries of each kept entry).")
     register_op(op_type, inputs=(1, 2), outputs=1)(kernel)
 
     def grad_kernel(ctx: OpContext) -> Outputs:
-        dy, x = ctx.xp.asarray(ctx.inputs[0]), ctx.xp.asarray(ctx.inputs[1])
-        count = ctx.int_arg("num_reduce_dim", 1)
-        keep_shape = ((1,) * count + dy.shape) if front else (dy.shape + (1,) * count)
-        grad = ctx.xp.reshape(dy, keep_shape)
+        dy = ctx.xp.asarray(ctx.inputs[0])
+        shape = _shape_of(ctx.inputs[1]) if kind != "Max" else np.shape(ctx.inputs[1])
+        lengths_index = 3 if kind == "Max" else 2
+        lengths = ctx.inputs[lengths_index] if len(ctx.inputs) > lengths_index else None
+        view = _FrontBack(ctx, shape, front, lengths)
+        grad = view.spread(dy)
         if kind == "Mean":
-            grad = grad / max(int(np.prod(x.shape[:count] if front else
-                                          x.shape[x.ndim - count:])), 1)
+            divisor = np.broadcast_to(np.maximum(view.count, 1), (dy.size,))
+            grad = grad / view.spread(divisor)
         elif kind == "Max":
-            grad = grad * (x == ctx.xp.reshape(ctx.inputs[2], keep_shape))
-        return (as_dtype(ctx.xp, ctx.xp.broadcast_to(grad, x.shape), dy.dtype),)
+            x2 = ctx.xp.asarray(ctx.inputs[1]).reshape(view.rows, view.cols)
+            grad = grad * (x2 == view.spread(ctx.xp.asarray(ctx.inputs[2])))
+        grad = ctx.xp.broadcast_to(grad, (view.rows, view.cols))
+        if view.mask is not None:
+            grad = grad * view.mask
+        return (as_dtype(ctx.xp, grad, dy.dtype).reshape(view.shape),)
 
-    grad_kernel.__doc__ = f"Gradient of {op_type}: [dY, X{', Y' if kind == 'Max' else ''}]."
-    register_op(op_type + "Gradient", inputs=(2, 3), outputs=1, shape=same_as_input(1)
-                )(grad_kernel)
+    grad_kernel.__doc__ = (f"Gradient of {op_type}: [dY, X (or X's int64 shape)"
+                           f"{', Y' if kind == 'Max' else ''}(, LENGTHS)].")
+    register_op(op_type + "Gradient", inputs=(2, 4), outputs=1)(grad_kernel)
 
     def maker(g: GradientBuilder) -> None:
         inputs = [g.GO(0), g.I(0)] + ([g.O(0)] if kind == "Max" else [])
+        if len(g.op.input) > 1:
+            inputs.append(g.I(1))
         g.add(op_type + "Gradient", inputs, [g.GI(0)])
 
     register_gradient(op_type)(maker)
+
+
+def _shape_of(x_or_shape: Any) -> tuple[int, ...]:
+    """Input 1 of the Sum/Mean gradients: X, or X's shape as a 1-D int64 tensor."""
+    if np.ndim(x_or_shape) == 1 and x_or_shape.dtype == np.int64:
+        return tuple(int(d) for d in to_host(x_or_shape))
+    return tuple(np.shape(x_or_shape))
 
 
 for _kind in ("Sum", "Mean", "Max"):
