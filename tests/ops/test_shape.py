@@ -300,3 +300,9 @@ def test_expand_dims_ignores_repeated_dims() -> None:
     (y,) = run_op(CreateOperator("ExpandDims", ["X"], ["Y"], dims=[0, 0, 2]),
                   [np.zeros((3, 4), np.float32)])
     assert y.shape == (1, 3, 1, 4)
+
+
+def test_expand_reads_negative_dims_by_their_absolute_value() -> None:
+    (y,) = run_op(CreateOperator("Expand", ["X", "S"], ["Y"]),
+                  [np.ones((1, 3, 1), np.float32), np.array([3, -1, 3])])
+    assert y.shape == (3, 3, 3)

@@ -500,9 +500,10 @@ def numpy_tile(ctx: OpContext) -> Outputs:
 
 @register_op("Expand", inputs=2, outputs=1)
 def expand(ctx: OpContext) -> Outputs:
-    """Broadcast X to ``shape`` (numpy rules in both directions, as ONNX Expand)."""
+    """Broadcast X to ``shape`` (numpy rules in both directions, as ONNX Expand; a negative
+    dim counts by its absolute value, so -1 keeps X's dim, as in Caffe2)."""
     x = ctx.xp.asarray(ctx.inputs[0])
-    target = _host_ints(ctx.inputs[1])
+    target = [abs(d) for d in _host_ints(ctx.inputs[1])]
     try:
         shape = np.broadcast_shapes(x.shape, tuple(target))
     except ValueError:
