@@ -138,3 +138,20 @@ def test_constant_fill_value_from_a_second_input() -> None:
     assert z.dtype == np.float32 and (z == 1.0).all()
     with pytest.raises(ShapeError, match="exactly one element"):
         run_op(CreateOperator("ConstantFill", ["X", "V"], ["Y"]), [x, np.zeros(2)])
+
+
+def test_fill_shape_argument_must_be_a_list_and_inverted_input_bounds_fill_nothing() -> None:
+    with pytest.raises(ArgumentError, match="must be a list"):
+        run_op(CreateOperator("GaussianFill", [], ["Y"], shape=32), [])
+    shape, low, high = np.array([3, 2], np.int64), np.array(5, np.int32), np.array(1, np.int32)
+    for op_type in ("UniformIntFill", "UniformFill"):
+        (y,) = run_op(CreateOperator(op_type, ["S", "A", "B"], ["Y"], input_as_shape=1),
+                      [shape, low, high])
+        assert y.shape == (0, 2)
+
+
+def test_float16_uniform_fill() -> None:
+    (y,) = run_op(CreateOperator("Float16UniformFill", [], ["Y"], shape=[50, 4], min=-2.0,
+                                 max=3.0), [])
+    assert y.dtype == np.float16 and y.shape == (50, 4)
+    assert y.min() >= -2.0 and y.max() <= 3.0 and y.std() > 0.5

@@ -85,6 +85,10 @@ def fill_shape(ctx: OpContext, itemsize: int = 4) -> tuple[int, ...]:
 
 
 def _declared_shape(ctx: OpContext) -> tuple[int, ...]:
+    if isinstance(ctx.arg("shape"), (int, float)):
+        raise ArgumentError(ctx.describe(
+            f"argument 'shape' must be a list of dims, got the single value "
+            f"{ctx.arg('shape')!r}; write shape=[{ctx.arg('shape')!r}]"))
     if not ctx.inputs:
         if ctx.has_arg("extra_shape") or ctx.int_arg("input_as_shape", 0):
             raise ArgumentError(ctx.describe(
@@ -182,16 +186,29 @@ def constant_fill(ctx: OpContext) -> Outputs:
 def uniform_fill(ctx: OpContext) -> Outputs:
     """Y ~ U(min, max) (args, or inputs 1 and 2 when three inputs are given)."""
     low, high = _bounds(ctx, 0.0, 1.0)
-    shape = _shape_with_bound_inputs(ctx)
+    shape = _shape_with_bound_inputs(ctx, low, high)
+    if 0 in shape:
+        return (ctx.xp.zeros(shape, dtype=np.float32),)
     values = ctx.rng.uniform(low, high, size=shape).astype(np.float32)
     return (ctx.xp.asarray(values),)
+
+
+@register_op("Float16UniformFill", inputs=0, outputs=1,
+             shape=_fill_shape_fn(DataType.FLOAT16))
+def float16_uniform_fill(ctx: OpContext) -> Outputs:
+    """Y ~ U(min, max) stored as float16 (args shape, min, max)."""
+    low, high = _bounds(ctx, 0.0, 1.0)
+    values = ctx.rng.uniform(low, high, size=fill_shape(ctx, 2))
+    return (ctx.xp.asarray(np.clip(values, low, high).astype(np.float16)),)
 
 
 @register_op("UniformIntFill", inputs=(0, 3), outputs=1, shape=_fill_shape_fn(DataType.INT32))
 def uniform_int_fill(ctx: OpContext) -> Outputs:
     """Y ~ U{min, ..., max} (both ends included), int32."""
     low, high = _bounds(ctx, 0, 1)
-    shape = _shape_with_bound_inputs(ctx)
+    shape = _shape_with_bound_inputs(ctx, low, high)
+    if 0 in shape:
+        return (ctx.xp.zeros(shape, dtype=np.int32),)
     values = ctx.rng.integers(int(low), int(high), size=shape, endpoint=True).astype(np.int32)
     return (ctx.xp.asarray(values),)
 
@@ -209,14 +226,17 @@ def _bounds(ctx: OpContext, low: float, high: float) -> tuple[float, float]:
     return low, high
 
 
-def _shape_with_bound_inputs(ctx: OpContext) -> tuple[int, ...]:
+def _shape_with_bound_inputs(ctx: OpContext, low: float, high: float) -> tuple[int, ...]:
+    """The fill shape; with the bounds as inputs and min > max, Caffe2 fills nothing: the
+    first dimension becomes 0."""
     if len(ctx.inputs) == 3:
         saved = ctx.inputs
         ctx.inputs = saved[:1]
         try:
-            return fill_shape(ctx)
+            shape = fill_shape(ctx)
         finally:
             ctx.inputs = saved
+        return (0, *shape[1:]) if low > high and shape else shape
     return fill_shape(ctx)
 
 
@@ -354,7 +374,8 @@ def no_gradient(g: GradientBuilder) -> None:
     """Caffe2's ``NO_GRADIENT``: no gradient ops and no input gradients."""
 
 
-for _filler in ("ConstantFill", "UniformFill", "UniformIntFill", "GaussianFill", "XavierFill",
+for _filler in ("ConstantFill", "UniformFill", "Float16UniformFill", "UniformIntFill",
+                "GaussianFill", "XavierFill",
                 "MSRAFill", "GivenTensorFill", "GivenTensorDoubleFill", "GivenTensorIntFill",
                 "GivenTensorInt64Fill", "GivenTensorBoolFill", "GivenTensorStringFill",
                 "GivenTensorByteStringToUInt8Fill", "RangeFill", "LengthsRangeFill",
