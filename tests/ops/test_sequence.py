@@ -93,7 +93,7 @@ def test_pack_segments_options_and_gradients() -> None:
     check_gradient(make_op("UnpackSegments", ["L", "P"], ["D"]),
                    [lens, RNG.standard_normal((2, 3, 2))])
     with pytest.raises(ShapeError, match="max_length"):
-        run_op(make_op("PackSegments", ["L", "D"], ["P"], max_length=2), [lens, data])
+        run_op(make_op("PackSegments", ["L", "D"], ["P"], max_length=-3), [lens, data])
 
 
 def test_pack_and_unpack_rnn_sequence() -> None:
@@ -221,3 +221,14 @@ def test_lengths_top_k_shape_function() -> None:
     op = make_op("LengthsTopK", ["X", "L"], ["V", "I"], k=3)
     assert OPERATORS.lookup("LengthsTopK").shape_fn(op, [(10,), (4,)], [1, 2]) == [
         ((4, 3), 1), ((4, 3), 2)]
+
+
+def test_pack_segments_max_length_keeps_each_segments_first_rows() -> None:
+    lengths = np.array([1, 3, 2], np.int32)
+    data = np.arange(6, dtype=np.float32).reshape(6, 1)
+    (packed,) = run_op(make_op("PackSegments", ["l", "d"], ["t"], max_length=2),
+                       [lengths, data])
+    assert packed[:, :, 0].tolist() == [[0, 0], [1, 2], [4, 5]]
+    (unpacked,) = run_op(make_op("UnpackSegments", ["l", "t"], ["d"], max_length=2),
+                         [lengths, packed])
+    assert unpacked[:, 0].tolist() == [0, 1, 2, 4, 5]

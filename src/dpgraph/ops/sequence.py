@@ -195,14 +195,21 @@ def pack_segments(ctx: OpContext) -> Outputs:
     _check_total(ctx, lens, data.shape[0])
     width = int(lens.max()) if lens.size else 0
     max_length = ctx.int_arg("max_length", -1)
-    if max_length != -1:
-        if max_length < width:
-            raise ctx.fail(f"max_length {max_length} is smaller than the longest segment "
-                           f"({width}); raise max_length")
-        width = max_length
+    if max_length != -1:  # fixed width: longer segments keep their first max_length rows
+        if max_length < 0:
+            raise ctx.fail(f"max_length must be >= 0 (or -1 for the longest segment), got "
+                           f"{max_length}")
+        data = data[_kept_rows(lens, max_length)]
+        lens, width = np.minimum(lens, max_length), max_length
     fill = -np.inf if ctx.int_arg("pad_minf", 0) else 0
     out, mask = _pack(lens, data, width, fill)
     return [out, mask][:ctx.num_outputs]
+
+
+def _kept_rows(lens: np.ndarray, max_length: int) -> np.ndarray:
+    """Bool per data row: within the first ``max_length`` rows of its segment."""
+    starts = np.repeat(np.cumsum(lens) - lens, lens)
+    return (np.arange(int(lens.sum())) - starts) < max_length
 
 
 @register_gradient("PackSegments")
@@ -217,6 +224,8 @@ def unpack_segments(ctx: OpContext) -> Outputs:
     data = host(ctx.inputs[1])
     if data.ndim < 2 or data.shape[0] != lens.size:
         raise ctx.fail(f"packed data {data.shape} must be N × T × ... with N = {lens.size}")
+    if ctx.int_arg("max_length", -1) >= 0:  # segments were cut to max_length when packed
+        lens = np.minimum(lens, ctx.int_arg("max_length", -1))
     if lens.size and int(lens.max()) > data.shape[1]:
         raise ctx.fail(f"a length exceeds the packed width {data.shape[1]}")
     return (data[_presence_mask(lens, data.shape[1])],)
