@@ -239,3 +239,30 @@ def test_top_k_larger_than_the_axis_pads_with_zero_and_minus_one() -> None:
     (dx,) = run_op(make_op("TopKGradient", ["dV", "I", "X"], ["dX"]),
                    [np.ones((2, 3), np.float32), indices, x])
     assert dx.tolist() == [[1.0, 1.0], [1.0, 1.0]]
+
+
+def test_string_prefix_suffix_and_equals() -> None:
+    strings = np.array([b"abcdef", b"xy", b""], dtype=object)
+    (prefix,) = run_op(make_op("StringPrefix", ["s"], ["p"], length=3), [strings])
+    (suffix,) = run_op(make_op("StringSuffix", ["s"], ["p"], length=3), [strings])
+    assert prefix.tolist() == [b"abc", b"xy", b""] and suffix.tolist() == [b"def", b"xy", b""]
+    (equal,) = run_op(make_op("StringEquals", ["s"], ["b"], text="xy"), [strings])
+    assert equal.tolist() == [False, True, False]
+
+
+def test_mod_follows_the_dividend_or_the_divisor() -> None:
+    x = np.array([7, -7, 3], dtype=np.int64)
+    (c_style,) = run_op(make_op("Mod", ["x"], ["y"], divisor=3), [x])
+    (py_style,) = run_op(make_op("Mod", ["x"], ["y"], divisor=3, sign_follow_divisor=1), [x])
+    assert c_style.tolist() == [1, -1, 0] and py_style.tolist() == [1, 2, 0]
+    with pytest.raises(ShapeError, match="divisor"):
+        run_op(make_op("Mod", ["x"], ["y"], divisor=0), [x])
+
+
+@pytest.mark.parametrize("axis", [0, -1])
+def test_normalize_and_its_gradient(axis: int) -> None:
+    x = np.random.default_rng(2).uniform(0.5, 1.0, size=(3, 4))
+    op = make_op("Normalize", ["X"], ["Y"], axis=axis)
+    (y,) = run_op(op, [x])
+    np.testing.assert_allclose(y, x / np.linalg.norm(x, axis=axis, keepdims=True))
+    check_gradient(op, [x])

@@ -1,4 +1,4 @@
-"""Assorted operators: string predicates, index hashing, top-k selections, CTC decoders,
+"""Assorted operators: string predicates and slices, index hashing, top-k selections, CTC decoders,
 piecewise-linear calibration, learning-rate adaption and the GRU unit.
 """
 
@@ -37,6 +37,39 @@ def string_starts_with(ctx: OpContext) -> Outputs:
 def string_ends_with(ctx: OpContext) -> Outputs:
     """strings -> bool tensor: which strings end with ``suffix``."""
     return _string_test(ctx, "suffix", "endswith")
+
+
+@register_op("StringEquals", inputs=1, outputs=1, shape=same_as_input(0, BOOL))
+def string_equals(ctx: OpContext) -> Outputs:
+    """strings -> bool tensor: which strings equal ``text``."""
+    strings = host(ctx.inputs[0])
+    text = ctx.str_arg("text", "")
+    flat = [(s == text.encode()) if isinstance(s, bytes) else (str(s) == text)
+            for s in strings.reshape(-1)]
+    return (np.array(flat, dtype=bool).reshape(strings.shape),)
+
+
+def _string_slices(ctx: OpContext, pick: Any) -> Outputs:
+    strings = host(ctx.inputs[0])
+    length = ctx.int_arg("length", 0)
+    if length < 0:
+        raise ctx.fail(f"length must be >= 0, got {length}")
+    out = np.empty(strings.shape, dtype=object)
+    for index, value in np.ndenumerate(strings):
+        out[index] = pick(value if isinstance(value, bytes | str) else str(value), length)
+    return (out,)
+
+
+@register_op("StringPrefix", inputs=1, outputs=1, shape=same_as_input(0))
+def string_prefix(ctx: OpContext) -> Outputs:
+    """strings -> their first ``length`` bytes (the whole string when shorter)."""
+    return _string_slices(ctx, lambda s, n: s[:n])
+
+
+@register_op("StringSuffix", inputs=1, outputs=1, shape=same_as_input(0))
+def string_suffix(ctx: OpContext) -> Outputs:
+    """strings -> their last ``length`` bytes (the whole string when shorter)."""
+    return _string_slices(ctx, lambda s, n: s[max(len(s) - n, 0):])
 
 
 # --- IndexHash -------------------------------------------------------------------------------
