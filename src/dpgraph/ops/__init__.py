@@ -12,7 +12,7 @@ _FAMILIES = (
     "image_input", "control", "recurrent", "rnn_units", "optim_adaptive", "index", "bucket",
     "dataset", "dataset_records", "timer", "compress", "lp_norm", "monitoring", "map_ops",
     "rebatching_queue", "text_file_reader", "unary", "sparse_mask",
-    "segment_ids", "metrics", "row_ops", "dot_padding", "space_batch", "norm_mod",
+    "segment_ids", "metrics", "row_ops", "dot_padding", "space_batch", "norm_mod", "checks_views",
 )
 
 for _family in _FAMILIES:
