@@ -48,3 +48,12 @@ def test_prepend_dim_and_merge_dim() -> None:
     check_gradient(op, [x])
     with pytest.raises(ShapeError, match="divide"):
         run_op(make_op("PrependDim", ["X"], ["Y"], dim_size=3), [x])
+
+
+def test_enforce_finite_and_bucketize() -> None:
+    assert list(run_op(make_op("EnforceFinite", ["X"], []), [np.ones(3)])) == []
+    with pytest.raises(OperatorError, match="inf at flat index 1"):
+        run_op(make_op("EnforceFinite", ["X"], []), [np.array([1.0, np.inf])])
+    x = np.array([-2.0, 0.0, 0.5, 3.0], np.float32)
+    (idx,) = run_op(make_op("Bucketize", ["X"], ["I"], boundaries=[0.0, 1.0]), [x])
+    np.testing.assert_array_equal(idx, np.digitize(x, [0.0, 1.0], right=True))

@@ -1,5 +1,5 @@
-"""Small utility ops: ``Assert``, ``AliasWithName``, ``EnsureClipped``, ``PrependDim`` and
-its gradient ``MergeDim``."""
+"""Small utility ops: ``Assert``, ``EnforceFinite``, ``AliasWithName``, ``EnsureClipped``,
+``PrependDim`` and its gradient ``MergeDim``, ``Bucketize``."""
 
 from __future__ import annotations
 
@@ -83,3 +83,31 @@ def merge_dim(ctx: OpContext) -> Outputs:
 @register_gradient("PrependDim")
 def _prepend_dim_gradient(g: GradientBuilder) -> None:
     g.add("MergeDim", [g.GO(0)], [g.GI(0)])
+
+
+@register_op("EnforceFinite", inputs=1, outputs=0, side_effects=True)
+def enforce_finite(ctx: OpContext) -> Outputs:
+    """Fail if the float input holds a NaN or an infinity."""
+    values = host(ctx.inputs[0])
+    if values.dtype.kind == "f" and not np.isfinite(values).all():
+        bad = int(np.flatnonzero(~np.isfinite(values.reshape(-1)))[0])
+        raise OperatorError(ctx.describe(
+            f"Tensor {ctx.input_name(0)!r} contains {values.reshape(-1)[bad]} at flat index "
+            f"{bad}; find the op that produced it (e.g. a learning rate or loss scale too "
+            f"large)"))
+    return ()
+
+
+@register_op("Bucketize", inputs=1, outputs=1, shape=same_as_input(0))
+def bucketize(ctx: OpContext) -> Outputs:
+    """X -> int32 bucket index per value: the number of ``boundaries`` strictly below it
+    (a value equal to a boundary goes to that boundary's bucket)."""
+    boundaries = np.asarray(ctx.arg("boundaries", []) or [], dtype=np.float64)
+    if boundaries.size > 1 and np.any(np.diff(boundaries) < 0):
+        raise ctx.fail(f"boundaries must be sorted, got {boundaries.tolist()}")
+    x = host(ctx.inputs[0])
+    return (np.searchsorted(boundaries, x, side="left").astype(np.int32),)
+
+
+for _type in ("Assert", "EnforceFinite", "Bucketize"):
+    register_gradient(_type)(no_gradient)
