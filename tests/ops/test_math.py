@@ -457,3 +457,12 @@ def test_reduce_front_back_with_lengths(kind: str, front: bool) -> None:
                              [np.ones_like(y), np.array(x.shape, np.int64), lengths])
         (by_x,) = run_op(ops[0], [np.ones_like(y), x, lengths])
         np.testing.assert_array_equal(by_shape, by_x)
+
+
+def test_scale_blobs_scales_every_input_and_its_gradient() -> None:
+    a, b = rand(2, 3, dtype=np.float64), rand(4, dtype=np.float64)
+    op = CreateOperator("ScaleBlobs", ["A", "B"], ["A2", "B2"], scale=2.5)
+    ya, yb = run_op(op, [a, b])
+    np.testing.assert_allclose(ya, 2.5 * a)
+    np.testing.assert_allclose(yb, 2.5 * b)
+    check_gradient(op, [a, b], outputs_with_grads=(0, 1))

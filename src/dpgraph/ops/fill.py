@@ -306,6 +306,7 @@ _register_given("GivenTensorFill", DataType.FLOAT, dtype_arg=True)
 _register_given("GivenTensorDoubleFill", DataType.DOUBLE)
 _register_given("GivenTensorIntFill", DataType.INT32)
 _register_given("GivenTensorInt64Fill", DataType.INT64)
+_register_given("GivenTensorInt16Fill", DataType.INT16)
 _register_given("GivenTensorBoolFill", DataType.BOOL)
 _register_given("GivenTensorStringFill", DataType.STRING)
 _register_given("GivenTensorByteStringToUInt8Fill", DataType.UINT8)
@@ -377,7 +378,8 @@ def no_gradient(g: GradientBuilder) -> None:
 for _filler in ("ConstantFill", "UniformFill", "Float16UniformFill", "UniformIntFill",
                 "GaussianFill", "XavierFill",
                 "MSRAFill", "GivenTensorFill", "GivenTensorDoubleFill", "GivenTensorIntFill",
-                "GivenTensorInt64Fill", "GivenTensorBoolFill", "GivenTensorStringFill",
+                "GivenTensorInt64Fill", "GivenTensorInt16Fill", "GivenTensorBoolFill",
+                "GivenTensorStringFill",
                 "GivenTensorByteStringToUInt8Fill", "RangeFill", "LengthsRangeFill",
                 "DiagonalFill", "Range"):
     register_gradient(_filler)(no_gradient)

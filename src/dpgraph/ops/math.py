@@ -479,6 +479,23 @@ def _scale_gradient(g: GradientBuilder) -> None:
     g.add("Scale", [g.GO(0)], [g.GI(0)])  # the forward ``scale`` argument is copied
 
 
+@register_op("ScaleBlobs", inputs=(1, None), outputs=(1, None), inplace="any")
+def scale_blobs(ctx: OpContext) -> Outputs:
+    """Y_i = scale * X_i for every input (one output per input)."""
+    if ctx.num_outputs != len(ctx.inputs):
+        raise ctx.fail(f"ScaleBlobs needs one output per input, got {len(ctx.inputs)} inputs "
+                       f"and {ctx.num_outputs} outputs")
+    factor = ctx.float_arg("scale", 1.0)
+    return tuple(as_dtype(ctx.xp, ctx.xp.asarray(x) * factor, ctx.xp.asarray(x).dtype)
+                 for x in ctx.inputs)
+
+
+@register_gradient("ScaleBlobs")
+def _scale_blobs_gradient(g: GradientBuilder) -> None:
+    count = len(g.op.input)
+    g.add("ScaleBlobs", [g.GO(i) for i in range(count)], [g.GI(i) for i in range(count)])
+
+
 # --- Pow ---------------------------------------------------------------------------------
 @register_op("Pow", inputs=(1, 2), outputs=1, inplace=[(0, 0), (1, 0)], shape=same_as_input())
 def pow_op(ctx: OpContext) -> Outputs:
