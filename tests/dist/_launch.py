@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import shutil
+import socket
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -46,3 +47,22 @@ def rank_configs(scenario: str, size: int, store: dict[str, Any], timeout_ms: in
     return [{"rank": rank, "size": size, "scenario": scenario, "store": store,
              "timeout_ms": timeout_ms, **extra}
             for rank in range(size if processes is None else processes)]
+
+
+def free_port() -> int:
+    """A TCP port free on loopback right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def run_ranks(scenario: str, size: int, store: dict[str, Any], processes: int | None = None,
+              hard_timeout: float = 30.0, timeout_ms: int = 5000,
+              **extra: Any) -> list[dict[str, Any]]:
+    """Start ``processes`` (default ``size``) ranks of ``_worker.run_rank``; kill any still
+    running after ``hard_timeout`` seconds; return each rank's JSON result (``ok=None``: no
+    result)."""
+    import _worker  # tests/dist is on sys.path (rootdir conftest)
+
+    configs = rank_configs(scenario, size, store, timeout_ms, processes, **extra)
+    return launch(_worker.run_rank, configs, hard_timeout)

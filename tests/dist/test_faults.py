@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from conftest import run_ranks
+from _launch import run_ranks
 
 pytest.importorskip("torch.distributed", reason="the gloo backend needs torch")
 pytestmark = pytest.mark.dist

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import run_ranks
+from _launch import run_ranks
 
 pytest.importorskip("torch.distributed", reason="the gloo backend needs torch")
 pytestmark = pytest.mark.dist

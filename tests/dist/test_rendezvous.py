@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import free_port
+from _launch import free_port
 
 from dpgraph import workspace
 from dpgraph.collectives import Rendezvous, as_rendezvous, file_store, rendezvous_from_env
