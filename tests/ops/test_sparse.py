@@ -305,3 +305,23 @@ def test_gather_match_outer_and_its_gradient(op_type: str) -> None:
     check_gradient(op, [data, idx], inputs_to_check=[0])
     with pytest.raises(ShapeError, match="outer dims"):
         run_op(op, [data, idx[:1]])
+
+
+def test_indices_in_gradient_forms_and_empty_weighted_main_input_gradient() -> None:
+    dout = np.arange(6.0).reshape(3, 2)
+    lengths = np.array([2, 0, 1], np.int32)
+    indices = np.array([4, 1, 3], np.int64)
+    (summed,) = run_op(make_op("SparseLengthsIndicesInGradientSumGradient",
+                               ["dY", "L", "I"], ["dX"]), [dout, lengths, indices])
+    np.testing.assert_array_equal(summed, [[0, 1], [0, 1], [4, 5]])
+    (mean,) = run_op(make_op("SparseLengthsIndicesInGradientMeanGradient",
+                             ["dY", "L", "I"], ["dX"]), [dout, lengths, indices])
+    np.testing.assert_array_equal(mean, [[0, 0.5], [0, 0.5], [4, 5]])
+    with pytest.raises(ShapeError, match="INDICES"):
+        run_op(make_op("SparseLengthsIndicesInGradientSumGradient", ["dY", "L", "I"], ["dX"]),
+               [dout, lengths, indices[:2]])
+    empty = run_op(make_op("SparseLengthsWeightedSumWithMainInputGradient",
+                           ["W", "dY", "L", "D", "I"], ["dV", "dW"]),
+                   [np.zeros(0), np.zeros((2, 3)), np.zeros(2, np.int32), np.ones((4, 3)),
+                    np.zeros(0, np.int64)])
+    assert [e.shape for e in empty] == [(0, 3), (0,)]

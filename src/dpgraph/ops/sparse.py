@@ -314,6 +314,23 @@ for _type, _mean in (("SparseLengthsSumGradient", False), ("SparseLengthsMeanGra
     _register_expand(_type, _mean)
 
 
+def _register_indices_in_gradient(op_type: str, mean: bool) -> None:
+    @register_op(op_type, inputs=3, outputs=1)
+    def kernel(ctx: OpContext) -> Outputs:
+        """[dOut, LENGTHS, INDICES] -> each segment's gradient repeated over its rows (the
+        GPU kernels' form; INDICES only has to match the lengths' total)."""
+        dout, lengths, indices = ctx.inputs
+        values = _expand_lengths(ctx, dout, lengths, mean)
+        if np.size(indices) != values.shape[0]:
+            raise ctx.fail(f"INDICES has {np.size(indices)} entries but LENGTHS sum to "
+                           f"{values.shape[0]}")
+        return (values,)
+
+
+_register_indices_in_gradient("SparseLengthsIndicesInGradientSumGradient", False)
+_register_indices_in_gradient("SparseLengthsIndicesInGradientMeanGradient", True)
+
+
 def _weighted_expand(ctx: OpContext) -> Outputs:
     weights, dout, lengths = ctx.inputs[:3]
     values = _expand_lengths(ctx, dout, lengths, mean=False)
@@ -331,7 +348,8 @@ def sparse_lengths_weighted_sum_with_main_input_gradient(ctx: OpContext) -> Outp
     """[WEIGHTS, dOut, LENGTHS, DATA, INDICES] -> [DATA values gradient, dWEIGHTS]."""
     weights, dout, lengths, data, indices = ctx.inputs
     (values,) = _weighted_expand(ctx)
-    rows = _gathered(ctx, data, indices).reshape(values.shape[0], -1)
+    block = int(np.prod(np.shape(data)[1:], dtype=np.int64))
+    rows = _gathered(ctx, data, indices).reshape(values.shape[0], block)
     plain = _expand_lengths(ctx, dout, lengths, mean=False).reshape(rows.shape)
     dw = (rows * plain).sum(axis=1).astype(np.asarray(weights).dtype)
     return values, dw.reshape(np.shape(weights))
