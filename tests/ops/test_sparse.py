@@ -325,3 +325,21 @@ def test_indices_in_gradient_forms_and_empty_weighted_main_input_gradient() -> N
                    [np.zeros(0), np.zeros((2, 3)), np.zeros(2, np.int32), np.ones((4, 3)),
                     np.zeros(0, np.int64)])
     assert [e.shape for e in empty] == [(0, 3), (0,)]
+
+
+@pytest.mark.parametrize("op_type", ["SparseSortedSegmentSum", "SparseSortedSegmentMean",
+                                     "SparseUnsortedSegmentSum", "SparseUnsortedSegmentMean"])
+def test_sparse_segment_ops_and_their_slice_gradients(op_type: str) -> None:
+    rng = np.random.default_rng(3)
+    data = rng.standard_normal((5, 2))
+    indices = np.array([4, 0, 0, 2], np.int64)
+    segments = np.array([0, 0, 1, 1] if "Sorted" in op_type and "Unsorted" not in op_type
+                        else [1, 0, 1, 0], np.int32)
+    op = make_op(op_type, ["D", "I", "S"], ["Y"])
+    (y,) = run_op(op, [data, indices, segments])
+    reduce = np.mean if op_type.endswith("Mean") else np.sum
+    expected = [reduce(data[indices[segments == s]], axis=0) for s in range(2)]
+    np.testing.assert_allclose(y, expected)
+    ops, g_in = build_gradient(op, ["Y_grad"])
+    assert isinstance(g_in[0], GradientSlice) and g_in[0].indices == "I"
+    assert ops[0].type == op_type + "Gradient" and list(ops[0].input) == ["Y_grad", "S"]

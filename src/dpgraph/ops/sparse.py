@@ -394,6 +394,10 @@ def sorted_segment_mean(ctx: OpContext) -> Outputs:
 
 def _unsorted_reduce(ctx: OpContext, mean: bool) -> Any:
     data, ids = ctx.inputs
+    return _segment_reduce(ctx, data, ids, mean)
+
+
+def _segment_reduce(ctx: OpContext, data: Any, ids: Any, mean: bool) -> Any:
     seg = _segment_count(ctx, ids, data.shape[0])
     num = ctx.int_arg("num_segments", -1)
     num = (int(seg.max()) + 1 if seg.size else 0) if num < 0 else num
@@ -407,14 +411,7 @@ def _unsorted_reduce(ctx: OpContext, mean: bool) -> Any:
     return out
 
 
-def _register_segment_grad(forward: str, mean: bool) -> None:
-    grad_type = forward + "Gradient"
-
-    @register_gradient(forward)
-    def maker(g: GradientBuilder) -> None:
-        g.add(grad_type, [g.GO(0), g.I(1)], [g.GI(0)])
-
-    @register_op(grad_type, inputs=2, outputs=1)
+def _segment_grad_kernel(mean: bool) -> Any:
     def kernel(ctx: OpContext) -> Outputs:
         """[dOut, SEGMENT_IDS] -> dOut[SEGMENT_IDS] (divided by the counts for means)."""
         dout, ids = ctx.inputs
@@ -426,10 +423,50 @@ def _register_segment_grad(forward: str, mean: bool) -> None:
                                            values)
         return (values.astype(dout.dtype, copy=False),)
 
+    return kernel
+
+
+def _register_segment_grad(forward: str, mean: bool) -> None:
+    grad_type = forward + "Gradient"
+
+    @register_gradient(forward)
+    def maker(g: GradientBuilder) -> None:
+        g.add(grad_type, [g.GO(0), g.I(1)], [g.GI(0)])
+
+    register_op(grad_type, inputs=2, outputs=1)(_segment_grad_kernel(mean))
+
 
 for _type, _mean in (("UnsortedSegmentSum", False), ("UnsortedSegmentMean", True),
                      ("SortedSegmentSum", False), ("SortedSegmentMean", True)):
     _register_segment_grad(_type, _mean)
+
+
+def _register_sparse_segment(forward: str, mean: bool, sorted_ids: bool) -> None:
+    """``Sparse<Sorted|Unsorted>Segment<Sum|Mean>``: [DATA, INDICES, SEGMENT_IDS] reduces
+    DATA[INDICES]; the gradient is a GradientSlice on INDICES."""
+
+    def kernel(ctx: OpContext) -> Outputs:
+        data, indices, ids = ctx.inputs
+        if sorted_ids:
+            seg = _int_array(ids)
+            if seg.size > 1 and bool((np.diff(seg) < 0).any()):
+                raise ctx.fail("SEGMENT_IDS must be sorted")
+        return (_segment_reduce(ctx, _gathered(ctx, data, indices), ids, mean),)
+
+    kernel.__doc__ = f"[DATA, INDICES, SEGMENT_IDS] -> per-segment {'means' if mean else 'sums'}"
+    register_op(forward, inputs=3, outputs=1)(kernel)
+    register_op(forward + "Gradient", inputs=2, outputs=1)(_segment_grad_kernel(mean))
+
+    @register_gradient(forward)
+    def maker(g: GradientBuilder) -> None:
+        _sparse_values_grad(g, forward + "Gradient", [g.GO(0), g.I(2)], 1)
+
+
+for _sorted in (True, False):
+    for _mean in (False, True):
+        _register_sparse_segment(
+            f"Sparse{'Sorted' if _sorted else 'Unsorted'}Segment{'Mean' if _mean else 'Sum'}",
+            _mean, _sorted)
 
 
 @register_op("LengthsToSegmentIds", inputs=1, outputs=1)
