@@ -343,3 +343,32 @@ def test_sparse_segment_ops_and_their_slice_gradients(op_type: str) -> None:
     ops, g_in = build_gradient(op, ["Y_grad"])
     assert isinstance(g_in[0], GradientSlice) and g_in[0].indices == "I"
     assert ops[0].type == op_type + "Gradient" and list(ops[0].input) == ["Y_grad", "S"]
+
+
+@pytest.mark.parametrize("kind", ["Sum", "Mean", "Max", "LogSumExp", "LogMeanExp"])
+def test_sorted_segment_range_ops_and_gradients(kind: str) -> None:
+    rng = np.random.default_rng(9)
+    data = rng.standard_normal((5, 3))
+    segments = np.array([0, 0, 1, 1, 1], np.int32)
+    op = make_op(f"SortedSegmentRange{kind}", ["D", "S"], ["Y"])
+    (y,) = run_op(op, [data, segments])
+    reduce = {"Sum": np.sum, "Mean": np.mean, "Max": np.max,
+              "LogSumExp": lambda a, axis: np.log(np.exp(a).sum(axis)),
+              "LogMeanExp": lambda a, axis: np.log(np.exp(a).mean(axis))}[kind]
+    np.testing.assert_allclose(y, [reduce(data[:2], axis=0), reduce(data[2:], axis=0)])
+    check_gradient(op, [data, segments], inputs_to_check=[0])
+    with pytest.raises(ShapeError, match="sorted"):
+        run_op(op, [data, segments[::-1].copy()])
+
+
+def test_sparse_lengths_positional_weighted_sum() -> None:
+    data = np.arange(12.0).reshape(6, 2)
+    weights = np.array([1.0, 10.0, 100.0])
+    indices = np.array([5, 0, 1, 2], np.int64)
+    lengths = np.array([3, 1], np.int32)
+    (y,) = run_op(make_op("SparseLengthsPositionalWeightedSum", ["D", "W", "I", "L"], ["Y"]),
+                  [data, weights, indices, lengths])
+    np.testing.assert_allclose(y, [data[5] + 10 * data[0] + 100 * data[1], data[2]])
+    with pytest.raises(ShapeError, match="positional weights"):
+        run_op(make_op("SparseLengthsPositionalWeightedSum", ["D", "W", "I", "L"], ["Y"]),
+               [data, weights[:2], indices, lengths])

@@ -17,6 +17,7 @@ from dpgraph.ir.registry import register_gradient, register_op
 from dpgraph.ops._common import FLOAT, FLOAT16, host
 from dpgraph.ops._sparse_rows import check_indices, check_rows, integer_indices, writable
 from dpgraph.ops.context import OpContext, Outputs
+from dpgraph.ops.fill import no_gradient
 from dpgraph.ops.gradient_builder import GradientBuilder
 
 
@@ -235,6 +236,27 @@ def sparse_lengths_weighted_sum(ctx: OpContext) -> Outputs:
     data, weights, indices, lengths = ctx.inputs
     rows = _gathered(ctx, data, indices)
     return (_lengths_reduce(ctx, rows, lengths, mean=False, weights=weights),)
+
+
+@register_op("SparseLengthsPositionalWeightedSum", inputs=4, outputs=1,
+             shape=_lengths_shape)
+def sparse_lengths_positional_weighted_sum(ctx: OpContext) -> Outputs:
+    """[DATA, WEIGHTS, INDICES, LENGTHS] -> per-segment sums of DATA[INDICES[i]] weighted by
+    WEIGHTS[position of i within its segment]."""
+    data, weights, indices, lengths = ctx.inputs
+    lens = _int_array(lengths)
+    if lens.size and int(lens.min()) < 0:
+        raise ctx.fail("lengths must be non-negative")
+    positions = np.arange(int(lens.sum())) - np.repeat(np.cumsum(lens) - lens, lens)
+    w = np.asarray(weights).reshape(-1)
+    if positions.size and int(positions.max()) >= w.size:
+        raise ctx.fail(f"a segment of length {int(lens.max())} needs {int(lens.max())} "
+                       f"positional weights; WEIGHTS has {w.size}")
+    rows = _gathered(ctx, data, indices)
+    return (_lengths_reduce(ctx, rows, lengths, mean=False, weights=w[positions]),)
+
+
+register_gradient("SparseLengthsPositionalWeightedSum")(no_gradient)
 
 
 def _sparse_values_grad(g: GradientBuilder, op_type: str, inputs: list[str],
@@ -467,6 +489,77 @@ for _sorted in (True, False):
         _register_sparse_segment(
             f"Sparse{'Sorted' if _sorted else 'Unsorted'}Segment{'Mean' if _mean else 'Sum'}",
             _mean, _sorted)
+
+
+# --- SortedSegmentRange* -----------------------------------------------------------------------
+def _range_segments(ctx: OpContext, data: Any, ids: Any) -> tuple[Any, int]:
+    seg = _segment_count(ctx, ids, np.shape(data)[0])
+    if seg.size > 1 and bool((np.diff(seg) < 0).any()):
+        raise ctx.fail("SEGMENT_IDS must be sorted")
+    return seg, int(seg[-1]) + 1 if seg.size else 0
+
+
+def _range_reduce(kind: str, data: Any, seg: Any, count: int) -> Any:
+    """Each segment's rows reduced to one (Sum, Mean, Max, LogSumExp, LogMeanExp)."""
+    out = np.zeros((count, *data.shape[1:]), dtype=np.float64)
+    counts = np.bincount(seg, minlength=count)
+    if kind in ("Max", "LogSumExp", "LogMeanExp"):
+        peak = np.full(out.shape, -np.inf)
+        np.maximum.at(peak, seg, data)
+        if kind == "Max":
+            return peak
+        np.add.at(out, seg, np.exp(data - peak[seg]))
+        if kind == "LogMeanExp":
+            out /= _per_segment(np.maximum(counts, 1), out)
+        return peak + np.log(out)
+    np.add.at(out, seg, data)
+    return out / _per_segment(np.maximum(counts, 1), out) if kind == "Mean" else out
+
+
+def _range_gradient(kind: str, dy: Any, data: Any, y: Any, seg: Any) -> Any:
+    """d(segment value)/d(row), times the segment's gradient, per row."""
+    counts = np.bincount(seg, minlength=dy.shape[0])[seg]
+    grad = dy[seg]
+    if kind == "Mean":
+        return grad / _per_segment(counts, grad)
+    if kind == "Max":
+        return grad * (data == y[seg])
+    if kind in ("LogSumExp", "LogMeanExp"):
+        share = np.exp(data - y[seg])
+        if kind == "LogMeanExp":
+            share = share / _per_segment(counts, share)
+        return grad * share
+    return grad
+
+
+def _register_range(kind: str) -> None:
+    op_type = f"SortedSegmentRange{kind}"
+
+    def kernel(ctx: OpContext) -> Outputs:
+        data = np.asarray(host(ctx.inputs[0]))
+        seg, count = _range_segments(ctx, data, ctx.inputs[1])
+        return (_range_reduce(kind, data.astype(np.float64), seg, count).astype(data.dtype),)
+
+    kernel.__doc__ = f"[DATA, sorted SEGMENT_IDS] -> each segment's rows reduced by {kind}."
+    register_op(op_type, inputs=2, outputs=1)(kernel)
+
+    def grad_kernel(ctx: OpContext) -> Outputs:
+        dy, data, y, ids = (np.asarray(host(v)) for v in ctx.inputs)
+        seg, _ = _range_segments(ctx, data, ids)
+        grad = _range_gradient(kind, dy.astype(np.float64), data.astype(np.float64),
+                               y.astype(np.float64), seg)
+        return (grad.astype(dy.dtype),)
+
+    grad_kernel.__doc__ = f"Gradient of {op_type}: [dY, DATA, Y, SEGMENT_IDS] -> dDATA."
+    register_op(op_type + "Gradient", inputs=4, outputs=1)(grad_kernel)
+
+    @register_gradient(op_type)
+    def maker(g: GradientBuilder) -> None:
+        g.add(op_type + "Gradient", [g.GO(0), g.I(0), g.O(0), g.I(1)], [g.GI(0)])
+
+
+for _kind in ("Sum", "Mean", "Max", "LogSumExp", "LogMeanExp"):
+    _register_range(_kind)
 
 
 @register_op("LengthsToSegmentIds", inputs=1, outputs=1)
