@@ -8,7 +8,7 @@ the kernel succeeded, so a failing op leaves its outputs untouched.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -17,6 +17,7 @@ from dpgraph.ir.proto_io import check_tensor_size
 from dpgraph.proto import caffe2_pb2
 
 Outputs = Sequence[Any]
+T = TypeVar("T")
 
 
 class _RemoveBlob:
@@ -149,3 +150,12 @@ class OpContext:
     def fail(self, problem: str) -> ShapeError:
         """A ShapeError naming this op; ``raise ctx.fail('...')``."""
         return ShapeError(self.describe(problem))
+
+    def object_input(self, index: int, kind: type[T], what: str, made_by: str) -> T:
+        """Input ``index`` as the ``kind`` object an earlier op made (a queue, cursor,
+        timer...), or a ShapeError naming the op that makes one."""
+        value = self.inputs[index]
+        if not isinstance(value, kind):
+            raise self.fail(f"input {index} ({self.input_name(index)}) must be a {what} made "
+                            f"by {made_by}, got {type(value).__name__}")
+        return value

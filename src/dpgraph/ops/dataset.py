@@ -77,11 +77,7 @@ def create_tree_cursor(ctx: OpContext) -> Outputs:
 
 
 def _cursor(ctx: OpContext) -> TreeCursor:
-    value = ctx.inputs[0]
-    if not isinstance(value, TreeCursor):
-        raise ctx.fail(f"input 0 ({ctx.input_name(0)}) must be a cursor made by "
-                       f"CreateTreeCursor, got {type(value).__name__}")
-    return value
+    return ctx.object_input(0, TreeCursor, "cursor", "CreateTreeCursor")
 
 
 @register_op("ResetCursor", inputs=1, outputs=0)

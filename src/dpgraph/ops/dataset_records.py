@@ -342,11 +342,7 @@ def create_tensor_vector(ctx: OpContext) -> Outputs:
 
 
 def _vector(ctx: OpContext, index: int) -> TensorVector:
-    value = ctx.inputs[index]
-    if not isinstance(value, TensorVector):
-        raise ctx.fail(f"input {index} ({ctx.input_name(index)}) must be a TensorVector made "
-                       f"by CreateTensorVector, got {type(value).__name__}")
-    return value
+    return ctx.object_input(index, TensorVector, "TensorVector", "CreateTensorVector")
 
 
 @register_op("TensorVectorSize", inputs=1, outputs=1)

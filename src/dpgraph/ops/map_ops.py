@@ -83,11 +83,7 @@ def key_value_to_map(ctx: OpContext) -> Outputs:
 @register_op("MapToKeyValue", inputs=1, outputs=2)
 def map_to_key_value(ctx: OpContext) -> Outputs:
     """The map's keys and values as two 1-D tensors."""
-    value = ctx.inputs[0]
-    if not isinstance(value, MapBlob):
-        raise ctx.fail(f"input 0 ({ctx.input_name(0)}) must be a map made by CreateMap or "
-                       f"KeyValueToMap, got {type(value).__name__}.")
-    return value.arrays()
+    return ctx.object_input(0, MapBlob, "map", "CreateMap or KeyValueToMap").arrays()
 
 
 def _serialize(name: str, value: MapBlob) -> bytes:

@@ -78,11 +78,7 @@ class RebatchingQueue:
 
 
 def _queue(ctx: OpContext) -> RebatchingQueue:
-    queue = ctx.inputs[0]
-    if not isinstance(queue, RebatchingQueue):
-        raise ctx.fail(f"input 0 ({ctx.input_name(0)}) must be a queue made by "
-                       f"CreateRebatchingQueue, got {type(queue).__name__}")
-    return queue
+    return ctx.object_input(0, RebatchingQueue, "queue", "CreateRebatchingQueue")
 
 
 @register_op("CreateRebatchingQueue", inputs=0, outputs=1, side_effects=True)

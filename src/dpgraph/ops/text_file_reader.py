@@ -79,10 +79,7 @@ def _column(values: list[bytes], data_type: int) -> np.ndarray:
 @register_op("TextFileReaderRead", inputs=1, outputs=(1, None), side_effects=True)
 def text_file_reader_read(ctx: OpContext) -> Outputs:
     """Up to ``batch_size`` (1) rows, one output per column."""
-    reader = ctx.inputs[0]
-    if not isinstance(reader, TextFileReaderInstance):
-        raise ctx.fail(f"input 0 ({ctx.input_name(0)}) must be a reader made by "
-                       f"CreateTextFileReader, got {type(reader).__name__}")
+    reader = ctx.object_input(0, TextFileReaderInstance, "reader", "CreateTextFileReader")
     if ctx.num_outputs != len(reader.field_types):
         raise ctx.fail(f"Invalid number of outputs. Expected {len(reader.field_types)}, got "
                        f"{ctx.num_outputs}.")

@@ -34,11 +34,7 @@ class Timer:
 
 
 def _timer(ctx: OpContext) -> Timer:
-    value = ctx.inputs[0]
-    if not isinstance(value, Timer):
-        raise ctx.fail(f"input 0 ({ctx.input_name(0)}) must be a timer made by TimerBegin, "
-                       f"got {type(value).__name__}")
-    return value
+    return ctx.object_input(0, Timer, "timer", "TimerBegin")
 
 
 @register_op("TimerBegin", inputs=0, outputs=1, side_effects=True)
