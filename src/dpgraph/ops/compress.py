@@ -122,27 +122,29 @@ def _numpy_float16(x: np.ndarray) -> np.ndarray:
         return x.astype(np.float16)
 
 
+def _convert(src: np.ndarray, out: np.ndarray | None, dtype: Any, exact: Any,
+             narrowing: bool) -> np.ndarray:
+    """``out`` = ``exact(src)`` as ``dtype``: torch's cast a chunk at a time for large arrays
+    (bitwise ``exact``'s result, see :func:`_cast`), else ``exact`` itself.  ``narrowing``:
+    the float32 side is ``src`` (compressing), else ``out`` (decompressing)."""
+    out = _out(out, src, dtype)
+    torch = _fast(src, out)
+    if torch is None:
+        np.copyto(out, exact(src))
+    else:
+        _cast(torch, src, out, None, src if narrowing else out, exact)
+    return out
+
+
 def to_float16(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """float32 -> float16 exactly as numpy's ``astype`` (nearest, ties to even, overflow to
     +-inf, NaN payloads as numpy keeps them), into ``out`` when given."""
-    out = _out(out, x, np.float16)
-    torch = _fast(x, out)
-    if torch is None:
-        np.copyto(out, _numpy_float16(x))
-    else:
-        _cast(torch, x, out, None, x, _numpy_float16)
-    return out
+    return _convert(x, out, np.float16, _numpy_float16, narrowing=True)
 
 
 def from_float16(h: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """float16 -> float32 (exact; NaN payloads as numpy's ``astype``)."""
-    out = _out(out, h, np.float32)
-    torch = _fast(h, out)
-    if torch is None:
-        np.copyto(out, h)
-    else:
-        _cast(torch, h, out, None, out, lambda v: v.astype(np.float32))
-    return out
+    return _convert(h, out, np.float32, lambda v: v.astype(np.float32), narrowing=False)
 
 
 def _numpy_round_to_bfloat16(values: np.ndarray) -> np.ndarray:
@@ -183,25 +185,13 @@ def round_to_bfloat16(values: np.ndarray, out: np.ndarray | None = None) -> np.n
 def to_bfloat16_bits(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """The bfloat16 bit patterns (uint16) of float32 ``x`` rounded as
     :func:`round_to_bfloat16`."""
-    out = _out(out, x, np.uint16)
-    torch = _fast(x, out)
-    if torch is None:
-        np.copyto(out, _numpy_bfloat16_bits(x))
-    else:
-        _cast(torch, x, out, None, x, _numpy_bfloat16_bits)
-    return out
+    return _convert(x, out, np.uint16, _numpy_bfloat16_bits, narrowing=True)
 
 
 def from_bfloat16_bits(bits: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """float32 of bfloat16 bit patterns (uint16): exact, NaN bits kept."""
-    out = _out(out, bits, np.float32)
-    torch = _fast(bits, out)
-    if torch is None:
-        np.left_shift(bits.astype(np.uint32), 16, out=out.view(np.uint32))
-    else:
-        _cast(torch, bits, out, None, out,
-              lambda v: (v.astype(np.uint32) << 16).view(np.float32))
-    return out
+    return _convert(bits, out, np.float32,
+                    lambda v: (v.astype(np.uint32) << 16).view(np.float32), narrowing=False)
 
 
 def quantize(values: np.ndarray, dtype: str, out: np.ndarray | None = None) -> np.ndarray:
