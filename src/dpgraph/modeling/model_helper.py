@@ -255,11 +255,18 @@ class ModelHelper:
         self.Validate()
         self.gradient_ops_added = True
         try:
-            self.grad_map: dict[Any, Any] = self.net.AddGradientOperators(*args, **kwargs)
+            grad_map = self.net.AddGradientOperators(*args, **kwargs)
         except BaseException:
             # the net is left unchanged on failure; so is the model, so a fixed call can retry
             self.gradient_ops_added = False
             raise
+        self.record_gradients(grad_map)
+        return self.grad_map
+
+    def record_gradients(self, grad_map: dict[Any, Any]) -> None:
+        """Remember the backward pass's ``grad_map``: fill ``param_to_grad`` and each
+        param's ``ParameterInfo.grad`` (after the gradient ops were added to the net)."""
+        self.grad_map: dict[Any, Any] = grad_map
         self.param_to_grad = self.get_param_to_grad(self.params)
         for param, grad in self.param_to_grad.items():
             param_info = self.get_param_info(param)
@@ -268,7 +275,6 @@ class ModelHelper:
             else:
                 self._parameters_info[param] = ParameterInfo(
                     param_id=None, param=param, grad=grad)
-        return self.grad_map
 
     def get_param_to_grad(self, params: list[Any]) -> dict[Any, Any]:
         """``{param: gradient}`` for the params that have a gradient."""

@@ -157,17 +157,7 @@ def _merged(per_device: dict[int, tuple[OpList, dict[Any, Any]]], devices: Seque
 
 def _publish_gradients(model: Any, grad_ops: OpList, grad_map: dict[Any, Any]) -> None:
     """What ``ModelHelper.AddGradientOperators`` records after its backward pass."""
-    from dpgraph.modeling.parameter_info import ParameterInfo
-
     model.Validate()
     model.net.extend_ops(grad_ops)
     model.gradient_ops_added = True
-    model.grad_map = grad_map
-    model.param_to_grad = model.get_param_to_grad(model.params)
-    for param, grad in model.param_to_grad.items():
-        info = model.get_param_info(param)
-        if info:
-            info.grad = grad
-        else:
-            model._parameters_info[param] = ParameterInfo(param_id=None, param=param,
-                                                          grad=grad)
+    model.record_gradients(grad_map)
