@@ -14,11 +14,11 @@ from dpgraph.jobs.records import InitEmptyRecord
 from dpgraph.jobs.schema import Field, Struct, from_blob_list, from_column_list
 
 
-class _DatasetReader(Reader):
-    """Reads batches through a TreeCursor (made by ``setup_ex``)."""
+class _CursorReader(Reader):
+    """A reader of ``dataset`` through a TreeCursor that ``setup_ex`` creates."""
 
-    def __init__(self, dataset: Dataset, name: str | None, batch_size: int = 1,
-                 enforce_batch_size: bool = False) -> None:
+    def __init__(self, dataset: Dataset, name: str | None, batch_size: int,
+                 enforce_batch_size: bool) -> None:
         Reader.__init__(self, dataset.content())
         self.dataset = dataset
         self.name = name or (dataset.name + "_cursor")
@@ -30,6 +30,17 @@ class _DatasetReader(Reader):
         if self.cursor is None:
             self.cursor = init_net.CreateTreeCursor(
                 [], init_net.NextScopedBlob(self.name), fields=self.dataset.fields)
+
+    def reset(self, net: Any) -> None:
+        net.ResetCursor([self.cursor], [])
+
+
+class _DatasetReader(_CursorReader):
+    """Reads batches through a TreeCursor (made by ``setup_ex``)."""
+
+    def __init__(self, dataset: Dataset, name: str | None, batch_size: int = 1,
+                 enforce_batch_size: bool = False) -> None:
+        super().__init__(dataset, name, batch_size, enforce_batch_size)
 
     def read(self, read_net: Any) -> tuple[Any, Any]:
         if self.cursor is None:
@@ -42,34 +53,18 @@ class _DatasetReader(Reader):
             fields = output_to_list(fields)
             return read_net.IsEmpty([fields[0]]), fields
 
-    def reset(self, net: Any) -> None:
-        net.ResetCursor([self.cursor], [])
 
-
-class _DatasetRandomReader(Reader):
+class _DatasetRandomReader(_CursorReader):
     """Reads records in the order of an index blob (``indices``, or one made by
     ``sort_and_shuffle``), through the offsets ``computeoffset`` computes."""
 
     def __init__(self, dataset: Dataset, name: str | None, indices: Any,
                  batch_size: int = 1, loop_over: bool = False,
                  enforce_batch_size: bool = False) -> None:
-        Reader.__init__(self, dataset.content())
-        self.dataset = dataset
-        self.cursor: Any = None
-        self.name = name or (dataset.name + "_cursor")
+        super().__init__(dataset, name, batch_size, enforce_batch_size)
         self.indices = indices
-        self.batch_size = batch_size
         self.loop_over = loop_over
-        self.enforce_batch_size = enforce_batch_size
         self.offsets: Any = None
-
-    def setup_ex(self, init_net: Any, exit_net: Any) -> None:
-        if self.cursor is None:
-            self.cursor = init_net.CreateTreeCursor(
-                [], init_net.NextScopedBlob(self.name), fields=self.dataset.fields)
-
-    def reset(self, net: Any) -> None:
-        net.ResetCursor([self.cursor], [])
 
     def computeoffset(self, net: Any) -> None:
         """Add to ``net`` the op computing every record's offsets (needed by ``read``)."""
