@@ -4,6 +4,7 @@ multi-host passes are called directly (no hook registry)."""
 from __future__ import annotations
 
 import dataclasses
+import gc
 
 import pytest
 from _parallel_helpers import build, manual_sgd, mlp_forward
@@ -121,3 +122,40 @@ def test_multi_host_passes_are_called_directly() -> None:
     data_parallel_model.AddDistributedBlobSync(model, ["cpu_0/x"])
     assert model.net.Proto().op[-1].type == "Allreduce"
     assert list(model.net.Proto().op[-1].output) == ["cpu_0/x"]
+
+
+def test_collector_restored_and_build_objects_promoted_without_a_scan() -> None:
+    assert gc.isenabled()
+    build([0, 1])
+    gc.collect()
+    build([0, 1, 2, 3])
+    assert gc.isenabled()
+    # the build's objects went to the oldest generation and the young count restarted at
+    # zero (without that: a young collection at the next allocation scans them all and
+    # leaves its survivors in generation 1)
+    young, middle, _ = gc.get_count()
+    assert young < 50 and middle == 0
+    assert len(gc.get_objects(0)) < 50 and len(gc.get_objects(1)) < 50
+    assert gc.get_freeze_count() == 0
+
+
+def test_objects_the_program_froze_stay_frozen() -> None:
+    gc.collect()
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        build([0, 1])
+        assert gc.isenabled()
+        # still frozen (some frozen objects may have been freed meanwhile), none added
+        assert frozen - 1000 < gc.get_freeze_count() <= frozen
+    finally:
+        gc.unfreeze()
+
+
+def test_collector_left_off_when_the_program_turned_it_off() -> None:
+    gc.disable()
+    try:
+        build([0, 1])
+        assert not gc.isenabled()
+    finally:
+        gc.enable()

@@ -100,7 +100,8 @@ def _gc_paused() -> Iterator[None]:
 
     Building a large graph allocates hundreds of thousands of small objects and no
     garbage cycles; full collections would rescan the growing heap again and again and
-    make the pass superlinear in the number of devices.
+    make the pass superlinear in the number of devices.  On the way out the objects are
+    promoted without a scan (:func:`_promote_young_objects`).
     """
     was_enabled = gc.isenabled()
     gc.disable()
@@ -108,7 +109,23 @@ def _gc_paused() -> Iterator[None]:
         yield
     finally:
         if was_enabled:
+            _promote_young_objects()
             gc.enable()
+
+
+def _promote_young_objects() -> None:
+    """Move every tracked object to the oldest generation without scanning it.
+
+    The build makes no garbage cycles, but the allocation count it leaves would make the
+    first allocation after ``gc.enable()`` scan everything it allocated (a young-generation
+    collection of ~4 objects per output op: 19 ms for 16 devices, 75 ms for 64).
+    ``gc.freeze()`` + ``gc.unfreeze()`` splices the generations into the oldest one and
+    resets the count in O(1); any cycle among them is still freed, by the next full
+    collection.  Skipped when the program froze objects itself (unfreezing would undo it).
+    """
+    if gc.get_freeze_count() == 0:
+        gc.freeze()
+        gc.unfreeze()
 
 
 # --- debug mode: contracts and verification ----------------------------------------------------
