@@ -233,13 +233,56 @@ def momentum_sgd(ctx: OpContext) -> Outputs:
     return _momentum_step(g, m, scalar_value(lr), *_momentum_args(ctx))
 
 
+def _owned_float_arrays(g: Any, m: Any, p: Any) -> bool:
+    """Three distinct writable numpy arrays of one float dtype and shape, each owning its
+    memory (so no two of them overlap and none is a view of another blob)."""
+    if type(g) is not np.ndarray or type(m) is not np.ndarray or type(p) is not np.ndarray \
+            or g is m or g is p or m is p:
+        return False
+    dtype = g.dtype
+    if dtype.kind != "f" or m.dtype != dtype or p.dtype != dtype or \
+            g.shape != m.shape or g.shape != p.shape:
+        return False
+    fg, fm, fp = g.flags, m.flags, p.flags
+    return fg.owndata and fm.owndata and fp.owndata and fg.writeable and fm.writeable and \
+        fp.writeable
+
+
+_UPDATE_PLAN = "\0momentum_update_plan"
+
+
+def _momentum_update_plan(ctx: OpContext) -> tuple[float, bool]:
+    """(momentum, whether the plain in-place update applies): not nesterov, and grad,
+    moment and param written in place (input names = output names), Caffe2's usual form.
+    Derived once per op instance and kept in its decoded arguments."""
+    plan = ctx.args.get(_UPDATE_PLAN)
+    if plan is None:
+        mom, nesterov = _momentum_args(ctx)
+        names_in, names_out = ctx.op.input, ctx.op.output
+        inplace = names_in[0] == names_out[0] and names_in[1] == names_out[1] and \
+            names_in[3] == names_out[2]
+        plan = ctx.args[_UPDATE_PLAN] = (mom, not nesterov and inplace)
+    return plan
+
+
 @register_op("MomentumSGDUpdate", inputs=4, outputs=3, inplace=[(0, 0), (1, 1), (3, 2)],
              shape=like_inputs(0, 1, 3))
 def momentum_sgd_update(ctx: OpContext) -> Outputs:
     """[grad, moment, lr, param] -> [adjusted grad, moment, param - adjusted grad]; grad,
     moment and param are updated in place when the op names them as its outputs."""
-    check_same_shape(ctx, 0, 1, 3)
     g, m, lr, p = ctx.inputs
+    mom, plain = _momentum_update_plan(ctx)
+    if plain and _owned_float_arrays(g, m, p):
+        # Caffe2's in-place update, written into the three blobs with no temporary: the
+        # float operations of _momentum_step in the same order, so the same values
+        rate = scalar_value(lr)
+        np.multiply(m, mom, out=m)
+        np.multiply(g, rate, out=g)
+        np.add(m, g, out=g)                   # new moment = mom * m + lr * g
+        np.copyto(m, g)
+        np.subtract(p, g, out=p)
+        return g, m, p
+    check_same_shape(ctx, 0, 1, 3)
     if same_float_arrays(g, m, p) and reads_apart(g, [m, p]) and reads_apart(m, [p]):
         adjusted, new_m = _momentum_into(ctx, scalar_value(lr), *_momentum_args(ctx))
         return adjusted, new_m, np.subtract(p, adjusted, out=out_buffer(ctx, 3, 2))
