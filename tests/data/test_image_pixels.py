@@ -1,0 +1,51 @@
+"""The per-image pixel steps of ImageInput's pipeline (dpgraph.data.image) against plain
+numpy: window packing, mirroring for every row width, and the mean/std normalisation."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from dpgraph.data import image
+
+
+def _rgb(rows: int, cols: int) -> np.ndarray:
+    return np.random.default_rng(rows * 100 + cols).integers(0, 256, (rows, cols, 3),
+                                                             dtype=np.uint8)
+
+
+@pytest.mark.parametrize("crop", [1, 5, 6, 7, 8, 12, 16])  # row bytes: odd, 2, 4, 8 | 3*crop
+@pytest.mark.parametrize("mirror", [False, True])
+def test_bgr_crop_matches_numpy_window(crop: int, mirror: bool) -> None:
+    rgb = _rgb(19, 23)
+    x, y = 23 - crop - 1, 2
+    got = image.bgr_crop(Image.fromarray(rgb), x, y, crop, mirror)
+    window = rgb[y:y + crop, x:x + crop, ::-1]
+    np.testing.assert_array_equal(got, window[:, ::-1] if mirror else window)
+    assert got.dtype == np.uint8 and got.flags.c_contiguous
+
+
+@pytest.mark.parametrize("mirror", [False, True])
+def test_bgr_crop_gray(mirror: bool) -> None:
+    gray = _rgb(11, 13)[:, :, 0]
+    got = image.bgr_crop(Image.fromarray(gray), 3, 1, 9, mirror)
+    window = gray[1:10, 3:12]
+    np.testing.assert_array_equal(got[:, :, 0], window[:, ::-1] if mirror else window)
+    assert got.shape == (9, 9, 1)
+
+
+@pytest.mark.parametrize("mean,std", [((0.0,) * 3, (1.0,) * 3), ((128.0,) * 3, (64.0,) * 3),
+                                      ((104.0, 117.5, 123.25), (57.0, 58.5, 0.3))])
+def test_normalize_is_exact_per_channel(mean: tuple[float, ...], std: tuple[float, ...]) -> None:
+    params = image.ImageParams(crop=7, scale=7, mean=mean, std=std)
+    pixels = _rgb(7, 7)
+    expected = ((pixels.astype(np.float32) - np.array(mean, np.float32))
+                * (np.float32(1) / np.array(std, np.float32)))
+    batch = np.full((2, 7, 7, 3), np.nan, np.float32)
+    image.normalize(pixels, params, batch[1])
+    np.testing.assert_array_equal(batch[1], expected)  # bit-exact, written in place
+    assert np.isnan(batch[0]).all()
+    np.testing.assert_array_equal(image.normalize(pixels.astype(np.float32), params), expected)
+    strided = np.empty((7, 14, 3), np.float32)[:, ::2]
+    np.testing.assert_array_equal(image.normalize(pixels, params, strided), expected)
