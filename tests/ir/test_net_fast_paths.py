@@ -3,6 +3,7 @@ arguments encoded in place, shared creation-stack entries, read-only net access.
 
 from __future__ import annotations
 
+import os
 import sys
 
 import numpy as np
@@ -130,3 +131,29 @@ def test_argument_fast_paths_match_the_general_encoder(value: object) -> None:
 def test_mixed_list_error_names_python_types() -> None:
     with pytest.raises(ArgumentError, match="mixing int, str"):
         MakeArgument("k", [np.int64(1), "a"])
+
+
+def test_caffe2_debug_is_read_live_for_every_op(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``CAFFE2_DEBUG`` (read through ``os.environ``'s own dict) records the creation stack
+    in ``debug_info`` from the next op on, and stops when unset or empty."""
+    net = Net("debug_env")
+    monkeypatch.delenv("CAFFE2_DEBUG", raising=False)
+    net.Relu("x", "a")
+    monkeypatch.setenv("CAFFE2_DEBUG", "1")
+    net.Relu("a", "b")
+    monkeypatch.setenv("CAFFE2_DEBUG", "")
+    net.Relu("b", "c")
+    monkeypatch.delenv("CAFFE2_DEBUG")
+    net.Relu("c", "d")
+    infos = [op.debug_info for op in net.Proto().op]
+    assert infos[0] == infos[2] == infos[3] == ""
+    assert "test_caffe2_debug_is_read_live_for_every_op" in infos[1]
+    assert CreateOperator("Relu", "x", "y", debug_info="given").debug_info == "given"
+
+
+def test_caffe2_debug_follows_a_replaced_environ(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CAFFE2_DEBUG", raising=False)
+    monkeypatch.setattr(os, "environ", {"CAFFE2_DEBUG": "1"})
+    assert CreateOperator("Relu", "x", "y").debug_info
+    monkeypatch.setattr(os, "environ", {})
+    assert not CreateOperator("Relu", "x", "y").debug_info

@@ -67,6 +67,22 @@ def _rectified_name(blob: Any) -> str:
     return str(_rectify_one(blob, None))  # bytes, str subclasses, or its BlobNameError
 
 
+def _caffe2_debug() -> bool:
+    """``bool(os.environ.get("CAFFE2_DEBUG"))``, read live (for every op) at a dict lookup's
+    cost: on POSIX ``os.environ`` keeps its items in one ``_data`` dict (bytes keys) that
+    its setters and deleters update; elsewhere, or if ``os.environ`` was replaced, the
+    mapping itself is asked."""
+    environ = os.environ
+    if environ is _ENVIRON and _ENVIRON_DATA is not None:
+        return bool(_ENVIRON_DATA.get(b"CAFFE2_DEBUG"))
+    return bool(environ.get("CAFFE2_DEBUG"))
+
+
+_ENVIRON = os.environ
+_ENVIRON_DATA: dict[bytes, bytes] | None = getattr(os.environ, "_data", None) \
+    if os.name == "posix" and type(getattr(os.environ, "_data", None)) is dict else None
+
+
 def output_to_list(op_output: Any) -> list[Any]:
     """The outputs a ``net.<Op>(...)`` call returned, as a list (None -> ``[]``)."""
     if op_output is None:
@@ -109,7 +125,7 @@ def fill_operator(operator: caffe2_pb2.OperatorDef, operator_type: str, inputs: 
     input and output names already rectified."""
     if debug_info is not None:
         operator.debug_info = debug_info
-    elif os.environ.get("CAFFE2_DEBUG"):
+    elif _caffe2_debug():
         operator.debug_info = "".join(traceback.format_stack())
     operator.type = operator_type
     operator.name = name
