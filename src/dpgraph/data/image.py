@@ -19,6 +19,7 @@ import functools
 import io
 import math
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import numpy as np
 from PIL import Image
@@ -31,6 +32,21 @@ EIGVEC = np.array([[-144.7125, 183.396, 102.2295], [-148.104, -1.1475, -207.57],
                    [-148.818, -177.174, 107.1765]], dtype=np.float32)
 EIGVAL = np.array([0.2175, 0.0188, 0.0045], dtype=np.float32)
 ERROR_SIDE = 224
+
+
+class Draws(Protocol):
+    """The random draws the pipeline makes (a ``numpy.random.Generator`` has them; the op
+    hands in a cheaper pre-drawn stream per image)."""
+
+    def random(self) -> float: ...
+
+    def uniform(self, low: float, high: float) -> float: ...
+
+    def integers(self, low: int, high: int) -> int: ...
+
+    def permutation(self, count: int) -> Any: ...
+
+    def normal(self, loc: float, scale: float, size: int) -> np.ndarray: ...
 
 
 @dataclass(frozen=True)
@@ -88,7 +104,7 @@ def _resize(image: Image.Image, width: int, height: int) -> Image.Image:
                         else Image.Resampling.BOX)
 
 
-def _inception_crop(image: Image.Image, crop: int, rng: np.random.Generator
+def _inception_crop(image: Image.Image, crop: int, rng: Draws
                     ) -> Image.Image | None:
     height, width = image.height, image.width
     area = height * width
@@ -103,7 +119,7 @@ def _inception_crop(image: Image.Image, crop: int, rng: np.random.Generator
     return None
 
 
-def _rescale(image: Image.Image, params: ImageParams, rng: np.random.Generator
+def _rescale(image: Image.Image, params: ImageParams, rng: Draws
              ) -> Image.Image:
     low, high = params.random_scale
     if low > 0:
@@ -123,7 +139,7 @@ def _rescale(image: Image.Image, params: ImageParams, rng: np.random.Generator
     return image
 
 
-def crop_pixels(image: Image.Image, params: ImageParams, rng: np.random.Generator
+def crop_pixels(image: Image.Image, params: ImageParams, rng: Draws
                 ) -> np.ndarray:
     """Steps 1-6: the ``crop`` x ``crop`` x C uint8 pixels (BGR), mirrored if drawn."""
     image = _bbox(image, params.bbox)
@@ -199,7 +215,7 @@ def _gray(values: np.ndarray) -> np.ndarray:
     return 0.114 * values[..., 0] + 0.587 * values[..., 1] + 0.299 * values[..., 2]
 
 
-def _jitter(values: np.ndarray, params: ImageParams, rng: np.random.Generator) -> np.ndarray:
+def _jitter(values: np.ndarray, params: ImageParams, rng: Draws) -> np.ndarray:
     for step in rng.permutation(3):
         if step == 0:
             alpha = np.float32(1 + rng.uniform(-params.saturation, params.saturation))
@@ -212,7 +228,7 @@ def _jitter(values: np.ndarray, params: ImageParams, rng: np.random.Generator) -
     return values.astype(np.float32, copy=False)
 
 
-def _lighting(values: np.ndarray, params: ImageParams, rng: np.random.Generator
+def _lighting(values: np.ndarray, params: ImageParams, rng: Draws
               ) -> np.ndarray:
     alphas = rng.normal(0.0, params.lighting_std, size=3).astype(np.float32)
     delta_rgb = EIGVEC @ (EIGVAL * alphas)
@@ -258,7 +274,7 @@ def _row_constants(mean: tuple[float, ...], std: tuple[float, ...], channels: in
     return rows
 
 
-def augment(record: ImageRecord, params: ImageParams, rng: np.random.Generator
+def augment(record: ImageRecord, params: ImageParams, rng: Draws
             ) -> tuple[np.ndarray, bool]:
     """Steps 1-8: the crop (a uint8 view, or float32 after colour jitter / lighting) and
     whether decoding failed (the image is then a 224x224 zero image, as in Caffe2)."""
@@ -279,7 +295,7 @@ def augment(record: ImageRecord, params: ImageParams, rng: np.random.Generator
     return pixels, failed
 
 
-def transform(record: ImageRecord, params: ImageParams, rng: np.random.Generator,
+def transform(record: ImageRecord, params: ImageParams, rng: Draws,
               out: np.ndarray | None = None) -> tuple[np.ndarray, bool]:
     """The whole pipeline: float32 HWC BGR (the uint8 crop on the GPU-transform path) and
     whether decoding failed.  ``out`` receives the float result when given."""

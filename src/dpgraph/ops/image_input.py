@@ -145,7 +145,62 @@ def _parse(value: bytes, cfg: _Config, where: str) -> ImageRecord:
                                             where)
 
 
-def _one_image(value: bytes, cfg: _Config, seed: int, row: int, where: str,
+#: Uniforms and normals pre-drawn per image; the pipeline needs at most 29 and 3 (ten
+#: failed inception-crop tries, a scale, the crop, the mirror, the jitter), more spill over.
+_UNIFORMS, _NORMALS = 32, 3
+
+
+class _RowDraws:
+    """One image's random numbers, with the ``numpy.random.Generator`` methods the pipeline
+    calls: a block drawn for the whole batch from one Generator seeded by the batch seed
+    (a Generator per image costs more than the crop), handed out in order.  A row that
+    runs out continues from a Generator seeded by (batch seed, row).  So the draws follow
+    the seed and do not depend on which decode thread takes the row."""
+
+    __slots__ = ("_uniforms", "_normals", "_seed", "_row", "_spill")
+
+    def __init__(self, uniforms: list[float], normals: list[float], seed: int, row: int
+                 ) -> None:
+        self._uniforms, self._normals = uniforms[::-1], normals[::-1]  # pop() from the end
+        self._seed, self._row = seed, row
+        self._spill: np.random.Generator | None = None
+
+    def _more(self) -> np.random.Generator:
+        if self._spill is None:
+            self._spill = np.random.default_rng([self._seed, self._row])
+        return self._spill
+
+    def random(self) -> float:
+        return self._uniforms.pop() if self._uniforms else float(self._more().random())
+
+    def uniform(self, low: float, high: float) -> float:
+        return low + (high - low) * self.random()
+
+    def integers(self, low: int, high: int) -> int:
+        """Uniform in ``[low, high)``."""
+        return min(low + int(self.random() * (high - low)), high - 1)
+
+    def permutation(self, count: int) -> list[int]:
+        order = list(range(count))
+        for i in range(count - 1, 0, -1):
+            j = self.integers(0, i + 1)
+            order[i], order[j] = order[j], order[i]
+        return order
+
+    def normal(self, loc: float, scale: float, size: int) -> np.ndarray:
+        values = [self._normals.pop() if self._normals else float(self._more().normal())
+                  for _ in range(size)]
+        return loc + scale * np.array(values)
+
+
+def _row_draws(seed: int, rows: int) -> list[_RowDraws]:
+    generator = np.random.default_rng(seed)
+    uniforms = generator.random((rows, _UNIFORMS)).tolist()
+    normals = generator.standard_normal((rows, _NORMALS)).tolist()
+    return [_RowDraws(uniforms[row], normals[row], seed, row) for row in range(rows)]
+
+
+def _one_image(value: bytes, cfg: _Config, draws: _RowDraws, where: str,
                out: np.ndarray) -> tuple[ImageRecord, bool]:
     """Parse, augment and normalise one image into its batch row ``out``."""
     record = _parse(value, cfg, where)
@@ -153,8 +208,7 @@ def _one_image(value: bytes, cfg: _Config, seed: int, row: int, where: str,
     if record.bbox is not None:
         params = dataclasses.replace(params, bbox=record.bbox)
     try:
-        pixels, failed = cfg.services.augment(record, params,
-                                              np.random.default_rng([seed, row]))
+        pixels, failed = cfg.services.augment(record, params, draws)
     except ValueError as error:
         raise DataInputError(f"{where}: {error}") from None
     if cfg.gpu_transform:
@@ -164,11 +218,12 @@ def _one_image(value: bytes, cfg: _Config, seed: int, row: int, where: str,
     return record, failed
 
 
-def _rows(rows: list[int], values: list[bytes], keys: list[bytes], cfg: _Config, seed: int,
-          where: str, data: np.ndarray) -> list[tuple[int, ImageRecord, bool]]:
+def _rows(rows: list[int], values: list[bytes], keys: list[bytes], cfg: _Config,
+          draws: list[_RowDraws], where: str, data: np.ndarray
+          ) -> list[tuple[int, ImageRecord, bool]]:
     """One decode thread's share of the batch, done in order (one task per thread keeps
     the hand-offs between threads to one per batch)."""
-    return [(row, *_one_image(values[row], cfg, seed, row,
+    return [(row, *_one_image(values[row], cfg, draws[row],
                               f"{where}, key {keys[row]!r} (record {row} of the batch)",
                               data[row]))
             for row in rows]
@@ -227,8 +282,9 @@ def _produce(reader: DBReader, cfg: _Config, batch_seed: int) -> list[np.ndarray
                                      np.uint8 if cfg.gpu_transform else np.float32)
     threads = max(1, min(cfg.threads, cfg.batch_size))
     pool = cfg.services.decode_pool(threads)
+    draws = _row_draws(batch_seed, cfg.batch_size)
     futures = [pool.submit(_rows, list(range(t, cfg.batch_size, threads)), values, keys, cfg,
-                           batch_seed, where, data) for t in range(threads)]
+                           draws, where, data) for t in range(threads)]
     done = sorted(item for future in futures for item in future.result())
     records = [record for _, record, _ in done]
     errors = sum(failed for _, _, failed in done)
