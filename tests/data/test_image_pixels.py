@@ -49,3 +49,23 @@ def test_normalize_is_exact_per_channel(mean: tuple[float, ...], std: tuple[floa
     np.testing.assert_array_equal(image.normalize(pixels.astype(np.float32), params), expected)
     strided = np.empty((7, 14, 3), np.float32)[:, ::2]
     np.testing.assert_array_equal(image.normalize(pixels, params, strided), expected)
+
+
+def test_row_draws_follow_the_seed_and_spill_over() -> None:
+    from dpgraph.ops.image_input import _UNIFORMS, _row_draws
+
+    first, again, other = _row_draws(3, 2), _row_draws(3, 2), _row_draws(4, 2)
+
+    def take(draws: object) -> list[float]:
+        values = [draws.random() for _ in range(_UNIFORMS + 5)]  # past the pre-drawn block
+        return values + [draws.integers(2, 5), *draws.permutation(4)] + \
+            list(draws.normal(1.0, 2.0, size=5))
+
+    rows = [take(d) for d in first]
+    assert rows == [take(d) for d in again]
+    assert rows != [take(d) for d in other] and rows[0] != rows[1]
+    assert all(0.0 <= v < 1.0 for v in rows[0][:_UNIFORMS + 5])
+    draws = _row_draws(5, 1)[0]
+    assert all(2 <= draws.integers(2, 5) < 5 for _ in range(200))
+    assert sorted(draws.permutation(6)) == list(range(6))
+    assert 0.0 <= draws.uniform(0.25, 0.5) < 0.5
