@@ -157,3 +157,36 @@ def test_caffe2_debug_follows_a_replaced_environ(monkeypatch: pytest.MonkeyPatch
     assert CreateOperator("Relu", "x", "y").debug_info
     monkeypatch.setattr(os, "environ", {})
     assert not CreateOperator("Relu", "x", "y").debug_info
+
+
+def test_append_op_fills_in_place_and_declares_new_inputs_once() -> None:
+    net = Net("append_op")
+    net.Relu("x", "y")
+
+    def fill(op: caffe2_pb2.OperatorDef) -> None:
+        op.type = "Sum"
+        op.input.extend(["y", "u", "u", "v"])
+        op.output.append("y")
+
+    op = net.append_op(fill, ["y", "u", "u", "v"], ["y"])
+    assert op == net.Proto().op[1] and op.type == "Sum"
+    assert list(net.Proto().external_input) == ["x", "u", "v"]
+    net._CheckLookupTables()
+
+    def own_output(op: caffe2_pb2.OperatorDef) -> None:
+        op.type = "Relu"
+        op.input.append("w")
+        op.output.append("w")
+
+    net.append_op(own_output, ["w"], ["w"])  # an in-place op's input is not yet defined
+    assert list(net.Proto().external_input) == ["x", "u", "v", "w"]
+
+    def broken(op: caffe2_pb2.OperatorDef) -> None:
+        op.type = "Relu"
+        raise ValueError("no")
+
+    before = net.Proto().SerializeToString()
+    with pytest.raises(ValueError):
+        net.append_op(broken, ["q"], ["r"])
+    assert net.Proto().SerializeToString() == before
+    assert not net.BlobIsDefined("q") and not net.BlobIsDefined("r")

@@ -293,6 +293,29 @@ class Net:
             self._op_outputs.update(op.output)
         return op
 
+    def append_op(self, fill: Callable[[caffe2_pb2.OperatorDef], None],
+                  inputs: Sequence[str], outputs: Sequence[str]) -> caffe2_pb2.OperatorDef:
+        """Append an op that ``fill`` writes in place (no copy, nothing read back from the
+        proto); ``inputs`` and ``outputs`` are the names it writes.  As for
+        ``extend_ops`` after declaring each undefined input external (in order, once),
+        and atomic: if ``fill`` raises, the op is removed and nothing has changed."""
+        self._lookup()  # fresh tables now: the new op's outputs are not in them yet
+        ops = self._net.op
+        op = ops.add()
+        try:
+            fill(op)
+        except BaseException:
+            del ops[-1]
+            raise
+        defined, external = self._op_outputs, self._external_input_map
+        new = [n for n in inputs if n not in defined and n not in external]
+        if new:
+            new = list(dict.fromkeys(new))
+            self._net.external_input.extend(new)
+            external.update(new)
+        defined.update(outputs)
+        return op
+
     # --- whole-net transformations -----------------------------------------------------
     def Clone(
         self,

@@ -40,6 +40,39 @@ def make_op(
     return caffe2_pb2.OperatorDef(**fields)
 
 
+def emit_op(
+    net: Any,
+    op_type: str,
+    inputs: Iterable[Any],
+    outputs: Iterable[Any],
+    device: caffe2_pb2.DeviceOption | None = None,
+    name: str = "",
+    control_input: Iterable[Any] | None = None,
+    engine: str | None = None,
+    **args: Any,
+) -> caffe2_pb2.OperatorDef:
+    """``emit(net, make_op(...))`` with the op written in place at the end of ``net``'s
+    NetDef (no standalone op, no copy); the same bytes, external inputs and errors."""
+    input_names = [str(b) for b in inputs]
+    output_names = [str(b) for b in outputs]
+
+    def fill(op: caffe2_pb2.OperatorDef) -> None:
+        op.type = op_type
+        op.name = name
+        op.input.extend(input_names)
+        op.output.extend(output_names)
+        if control_input:
+            op.control_input.extend([str(b) for b in control_input])
+        if device is not None:
+            op.device_option.MergeFrom(device)
+        if engine is not None:
+            op.engine = engine
+        if args:
+            op.arg.extend([MakeArgument(k, v) for k, v in args.items() if v is not None])
+
+    return net.append_op(fill, input_names, output_names)
+
+
 def emit(net: Any, *ops: caffe2_pb2.OperatorDef) -> None:
     """Append ``ops`` to ``net`` (a dpgraph Net), declaring undefined inputs external."""
     for op in ops:

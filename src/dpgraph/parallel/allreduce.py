@@ -24,7 +24,7 @@ import numpy as np
 
 from dpgraph.errors import ParallelizeError
 from dpgraph.ir.blob import GradientSlice
-from dpgraph.parallel._emit import device_option, emit, make_op
+from dpgraph.parallel._emit import device_option, emit_op
 from dpgraph.parallel.state import ParallelState
 from dpgraph.proto import caffe2_pb2
 
@@ -49,8 +49,8 @@ def broadcast(state: ParallelState, net: Any, name: str, use_nccl: bool = False)
     if use_nccl and state.is_gpu_blob(name):
         blobs = list(group.values())
         # no ``root`` argument, as in Caffe2 (the op's default root is input 0)
-        emit(net, make_op("NCCLBroadcast", blobs, blobs,
-                          device_option(state.config.device_type, master)))
+        emit_op(net, "NCCLBroadcast", blobs, blobs,
+                device_option(state.config.device_type, master))
         return
     if state.is_gpu_blob(name):
         options = [device_option(state.config.device_type, d) for d in state.devices[1:]]
@@ -58,8 +58,8 @@ def broadcast(state: ParallelState, net: Any, name: str, use_nccl: bool = False)
         option = device_option(IDEEP if state.is_ideep_blob(name) else CPU, 0)
         options = [option] * (len(state.devices) - 1)
     source = [group[master]]
-    emit(net, *[make_op("Copy", source, [group[device]], option)
-                for device, option in zip(state.devices[1:], options)])
+    for device, option in zip(state.devices[1:], options):
+        emit_op(net, "Copy", source, [group[device]], option)
 
 
 def broadcast_computed_params(state: ParallelState) -> None:
@@ -88,22 +88,19 @@ def _dense_gpu(state: ParallelState, net: Any, name: str, control: Any,
     blobs = [group[d] for d in state.devices]
     dtype = state.config.device_type
     if state.config.use_nccl and dtype != IDEEP:
-        emit(net, make_op("NCCLAllreduce", blobs, blobs,
-                          device_option(dtype, state.master),
-                          control_input=[control] if control is not None else None))
+        emit_op(net, "NCCLAllreduce", blobs, blobs, device_option(dtype, state.master),
+                control_input=[control] if control is not None else None)
         return
     for indices in sum_tree(len(blobs)):
         devices = [state.devices[i] for i in indices]
         inputs = [blobs[i] for i in indices]
         option = device_option(dtype, devices[0])
-        ops = []
         for i, peer in enumerate(devices[1:], start=1):
             if pattern is not None and pattern.size and not pattern[devices[0], peer]:
                 copy = f"gpu_{devices[0]}/{name}_gpu{peer}_copy"
-                ops.append(make_op("Copy", [inputs[i]], [copy], option))
+                emit_op(net, "Copy", [inputs[i]], [copy], option)
                 inputs[i] = copy
-        ops.append(make_op("Sum", inputs, [inputs[0]], option, name="dpm"))
-        emit(net, *ops)
+        emit_op(net, "Sum", inputs, [inputs[0]], option, name="dpm")
     broadcast(state, net, name)
 
 
@@ -115,20 +112,18 @@ def _sparse_gpu(state: ParallelState, net: Any, name: str, concatenated: set[str
     master_opt = device_option(dtype, state.master)
     if not any(str(g.indices) in concatenated for g in slices):
         index_concat = f"{master_ns}/{name}_index_concat"
-        ops = [make_op("Concat", [g.indices for g in slices],
-                       [index_concat, f"{master_ns}/{name}_index_splitinfo"], master_opt,
-                       name="note:data_parallel_model", axis=0)]
+        emit_op(net, "Concat", [g.indices for g in slices],
+                [index_concat, f"{master_ns}/{name}_index_splitinfo"], master_opt,
+                name="note:data_parallel_model", axis=0)
         for device, g in group.items():
-            ops.append(make_op("Copy", [index_concat], [g.indices], device_option(dtype, device)))
+            emit_op(net, "Copy", [index_concat], [g.indices], device_option(dtype, device))
             concatenated.add(str(g.indices))
-        emit(net, *ops)
     value_concat = f"{master_ns}/{name}_val_concat"
-    ops = [make_op("Concat", [g.values for g in slices],
-                   [value_concat, f"{master_ns}/{name}_val_splitinfo"], master_opt,
-                   name="note:data_parallel_model", axis=0)]
-    ops.extend(make_op("Copy", [value_concat], [g.values], device_option(dtype, device))
-               for device, g in group.items())
-    emit(net, *ops)
+    emit_op(net, "Concat", [g.values for g in slices],
+            [value_concat, f"{master_ns}/{name}_val_splitinfo"], master_opt,
+            name="note:data_parallel_model", axis=0)
+    for device, g in group.items():
+        emit_op(net, "Copy", [value_concat], [g.values], device_option(dtype, device))
 
 
 def _cpu_like(state: ParallelState, net: Any, name: str, device_type: int) -> None:
@@ -140,7 +135,7 @@ def _cpu_like(state: ParallelState, net: Any, name: str, device_type: int) -> No
             "(a GradientSlice, e.g. from Gather) on CPU devices; use GPU devices or a dense "
             "gradient."
         )
-    emit(net, make_op("Sum", blobs, [blobs[0]], device_option(device_type, 0)))
+    emit_op(net, "Sum", blobs, [blobs[0]], device_option(device_type, 0))
     if not state.config.shared_model:
         broadcast(state, net, name)
 
