@@ -5,14 +5,18 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pytest
 
 from dpgraph.core import BlobReference, CreateOperator, DeviceOption, DeviceScope, NameScope, Net
 from dpgraph.errors import ArgumentError, NetError
+from dpgraph.ir import net as net_module
 from dpgraph.ir.arguments import MakeArgument
-from dpgraph.ir.net import operator_tracebacks
+from dpgraph.ir.net import operator_tracebacks, shared_creation_stack
 from dpgraph.proto import caffe2_pb2
 
 
@@ -190,3 +194,78 @@ def test_append_op_fills_in_place_and_declares_new_inputs_once() -> None:
         net.append_op(broken, ["q"], ["r"])
     assert net.Proto().SerializeToString() == before
     assert not net.BlobIsDefined("q") and not net.BlobIsDefined("r")
+
+
+def _make_relu(net: Net, expected: list[Any], name: str) -> None:
+    net.Relu("x", name); expected.append(_plain_stack(sys._getframe()))  # noqa: E702
+
+
+def test_shared_creation_stack_records_the_same_stacks() -> None:
+    """Inside ``shared_creation_stack`` (nested too) ops record exactly the stacks a full
+    walk gives, also from other lines of the root frame."""
+    net = Net("shared_root")
+    expected: list[Any] = []
+    _make_relu(net, expected, "a")
+    with shared_creation_stack():
+        _make_relu(net, expected, "b")
+        net.Relu("x", "c"); expected.append(_plain_stack(sys._getframe()))  # noqa: E702
+        with shared_creation_stack():
+            _make_relu(net, expected, "d")
+        _make_relu(net, expected, "e")
+    _make_relu(net, expected, "f")
+    stacks = operator_tracebacks[net.Name()]
+    assert [stacks[i] for i in range(6)] == expected
+    assert not getattr(net_module._ROOTS, "stack", [])
+
+
+def test_shared_creation_stack_in_a_generator_or_thread_walks_every_frame() -> None:
+    net = Net("shared_root_gen")
+    expected: list[Any] = []
+
+    def builder() -> Iterator[None]:
+        with shared_creation_stack():  # a generator may resume under other callers
+            yield
+            _make_relu(net, expected, "g")
+            yield
+
+    def resume(gen: Iterator[None]) -> None:
+        next(gen)
+
+    gen = builder()
+    next(gen)
+    resume(gen)  # a different caller than the first next()
+    results: list[Any] = []
+
+    def other_thread() -> None:
+        _make_relu(net, results, "t")
+
+    with shared_creation_stack():
+        thread = threading.Thread(target=other_thread)
+        thread.start()
+        thread.join()
+    stacks = operator_tracebacks[net.Name()]
+    assert [stacks[0], stacks[1]] == [expected[0], results[0]]
+
+
+def test_parallelize_records_full_creation_stacks() -> None:
+    """The pass driver runs builders in a shared_creation_stack: their ops' stacks still
+    reach the outermost frame."""
+    from dpgraph import brew, data_parallel_model, model_helper
+
+    expected: list[Any] = []
+    seen = expected.append
+
+    def forward(model: Any, loss_scale: float) -> list[Any]:
+        out = brew.fc(model, "data", "fc", 4, 2)
+        loss = model.net.AveragedLoss(out, "l"); seen(_plain_stack(sys._getframe()))  # noqa: E702
+        return [loss]
+
+    model = model_helper.ModelHelper(name="stacks_parallel")
+    data_parallel_model.Parallelize(model, lambda m: None, forward, devices=[0, 1],
+                                    cpu_device=True, optimize_gradient_memory=False,
+                                    param_update_builder_fun=None,
+                                    optimizer_builder_fun=None)
+    stacks = operator_tracebacks[model.net.Name()]
+    losses = [i for i, op in enumerate(model.net.Proto().op) if op.type == "AveragedLoss"]
+    assert [stacks[i] for i in losses] == expected
+    assert len(expected) == 2 and len(expected[0]) > 8

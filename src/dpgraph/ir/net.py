@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import inspect
 import sys
 import threading
 from collections import defaultdict
@@ -655,6 +656,57 @@ class Net:
 _SITES: dict[tuple[int, int], tuple[tuple[str, int, str], Any]] = {}
 _SITES_LIMIT = 1 << 16
 
+#: Per thread: the frames of :class:`shared_creation_stack` blocks now running, innermost
+#: last, each with the entries of its callers (fixed while the frame runs).
+_ROOTS = threading.local()
+_SUSPENDABLE = (inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
+                | inspect.CO_ITERABLE_COROUTINE)
+
+
+def _site(frame: Any) -> tuple[str, int, str]:
+    code = frame.f_code
+    site = (id(code), frame.f_lasti)
+    known = _SITES.get(site)
+    if known is None or known[1] is not code:
+        if len(_SITES) > _SITES_LIMIT:
+            _SITES.clear()
+        known = _SITES[site] = ((code.co_filename, frame.f_lineno, code.co_name), code)
+    return known[0]
+
+
+def _entries(frame: Any) -> list[tuple[str, int, str]]:
+    result = []
+    while frame is not None:
+        result.append(_site(frame))
+        frame = frame.f_back
+    return result
+
+
+class shared_creation_stack:  # noqa: N801 (used like a function: ``with ...():``)
+    """Within this block, ops record the creation stack of the frame running it without
+    walking that frame's callers again for every op: their entries are read once, on
+    entry (a running frame's callers and their lines cannot change until it returns).
+    The recorded stacks are the same; only building them is cheaper.  Parallelize's
+    pass driver runs each pass in one (builders make thousands of ops per pass)."""
+
+    __slots__ = ("_frame",)
+
+    def __enter__(self) -> None:
+        frame = sys._getframe(1)
+        if frame.f_code.co_flags & _SUSPENDABLE:
+            self._frame = None  # resumable elsewhere: its callers may change
+            return
+        self._frame = frame
+        roots = _ROOTS.__dict__.setdefault("stack", [])
+        roots.append((frame, _entries(frame.f_back)))
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._frame is not None:
+            roots = _ROOTS.stack
+            if roots and roots[-1][0] is self._frame:
+                roots.pop()
+            self._frame = None
+
 
 def _creation_stack() -> list[tuple[str, int, str]]:
     """Caffe2's ``_extract_stacktrace``: ``(file, line, function)`` of each caller frame,
@@ -662,16 +714,17 @@ def _creation_stack() -> list[tuple[str, int, str]]:
     frame: Any = sys._getframe(2)
     while frame is not None and frame.f_code.co_filename == __file__:
         frame = frame.f_back
-    if len(_SITES) > _SITES_LIMIT:
-        _SITES.clear()
-    result = []
+    roots = _ROOTS.__dict__.get("stack")
+    root, above = roots[-1] if roots else (None, [])
+    result: list[tuple[str, int, str]] = []
+    append, sites = result.append, _SITES
     while frame is not None:
         code = frame.f_code
-        site = (id(code), frame.f_lasti)
-        known = _SITES.get(site)
-        if known is None or known[1] is not code:
-            known = _SITES[site] = ((code.co_filename, frame.f_lineno, code.co_name), code)
-        result.append(known[0])
+        known = sites.get((id(code), frame.f_lasti))
+        append(known[0] if known is not None and known[1] is code else _site(frame))
+        if frame is root:
+            result += above
+            break
         frame = frame.f_back
     return result
 

@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dpgraph.errors import ParallelizeError, VerificationError
+from dpgraph.ir.net import shared_creation_stack
 from dpgraph.ir.verify import verify_problems
 from dpgraph.parallel.config import ParallelConfig
 from dpgraph.parallel.state import ParallelState, publish
@@ -190,7 +191,8 @@ def _run_one(pass_: Pass, state: ParallelState, debug: bool) -> None:
     if pass_.user_code:
         publish(state)
     before = _observed(state) if debug else None
-    pass_.run(state)
+    with shared_creation_stack():  # the ops' creation stacks share this frame's callers
+        pass_.run(state)
     if before is not None:
         _check_contract(pass_, before, _observed(state))
     log.debug("Parallelize pass %s done", pass_.name)
