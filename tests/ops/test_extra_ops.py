@@ -391,6 +391,16 @@ def test_gate_and_piece_warmup_policies() -> None:
     assert [_lr(i, **piece) for i in (0, 2, 3, 4)] == pytest.approx([0.1, 0.5, 0.5, 1.0])
 
 
+def test_slope_policy() -> None:
+    slope = {"base_lr": 2.0, "policy": "slope", "num_iter_1": 10, "multiplier_1": 1.0,
+             "num_iter_2": 20, "multiplier_2": 0.5}
+    # flat, then a line from 1.0 at iteration 10 down to 0.5 at 20, then flat at 0.5
+    assert [_lr(i, **slope) for i in (0, 9, 10, 15, 20, 40)] == pytest.approx(
+        [2.0, 2.0, 2.0, 1.5, 1.0, 1.0])
+    with pytest.raises(Exception, match="num_iter_1 < num_iter_2"):
+        _lr(0, base_lr=1.0, policy="slope", num_iter_1=5, num_iter_2=5)
+
+
 def test_warmup_composite_policies() -> None:
     warm = {"start_warmup_multiplier": 0.2, "constant_warmup_num_iter": 3,
             "linear_warmup_num_iter": 4}

@@ -75,11 +75,14 @@ def _policy_more(kind: str, get: Callable[[str, Any], Any], ctx: OpContext) -> P
 
 
 def _policy_late(kind: str, get: Callable[[str, Any], Any], ctx: OpContext) -> Policy:
-    """Policies of later Caffe2 releases: gate, pieceWarmup, cosine and the warmup composites."""
+    """Policies of later Caffe2 releases: gate, slope, pieceWarmup, cosine and the warmup
+    composites."""
     if kind == "gate":
         m1, m2 = float(get("multiplier_1", 1.0)), float(get("multiplier_2", 1.0))
         num = int(get("num_iter", 0))
         return lambda it: m2 if it >= num else m1
+    if kind == "slope":
+        return _slope(get, ctx)
     if kind == "pieceWarmup":
         m1, m2, m3 = (float(get(name, 0.5)) for name in ("m1", "m2", "m3"))
         n1, n2 = int(get("n1", 0)), int(get("n2", 0))
@@ -92,8 +95,19 @@ def _policy_late(kind: str, get: Callable[[str, Any], Any], ctx: OpContext) -> P
         return _warmup_then(kind, get, ctx)
     raise ctx.fail(
         f"unknown learning rate policy {kind!r}; use one of fixed, step, multistep, exp, inv, "
-        "poly, linearWarmup, constantWarmup, alter, hill, cyclical, composite, gate, "
-        "pieceWarmup, cosine, constantThenLinearWarmup, compositeCyclical, compositeCosine")
+        "poly, linearWarmup, constantWarmup, alter, hill, slope, cyclical, composite, "
+        "gate, pieceWarmup, cosine, constantThenLinearWarmup, compositeCyclical, compositeCosine")
+
+
+def _slope(get: Callable[[str, Any], Any], ctx: OpContext) -> Policy:
+    """multiplier_1 until num_iter_1, then a straight line reaching multiplier_2 at num_iter_2,
+    never past multiplier_2 (Caffe2's SlopeLearningRate)."""
+    n1, n2 = int(get("num_iter_1", 0)), int(get("num_iter_2", 0))
+    m1, m2 = float(get("multiplier_1", 0.0)), float(get("multiplier_2", 0.0))
+    if n1 <= 0 or n2 <= n1:
+        raise ctx.fail(f"policy 'slope' needs 0 < num_iter_1 < num_iter_2, got num_iter_1={n1}, "
+                       f"num_iter_2={n2}")
+    return lambda it: m1 if it < n1 else max(m2, m1 + (it - n1) * (m2 - m1) / (n2 - n1))
 
 
 def _cosine(min_lr: float, max_lr: float, period: int, t_mult: float, lr_shrink: float,
