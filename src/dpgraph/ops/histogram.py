@@ -1,0 +1,1 @@
+"""Histograms and quantiles: Histogram, SelfBinningHistogram, Quantile."""

@@ -1,0 +1,1 @@
+"""Ranking losses and metrics: LambdaRankNdcg, SessionMarginLoss, APMeter."""

@@ -1,0 +1,1 @@
+"""Recommendation-system data ops: row copies, sample padding, key splits, n-grams, partitions, weighted sampling."""
