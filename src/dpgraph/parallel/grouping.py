@@ -95,13 +95,18 @@ def _map_ops(ops: Sequence[caffe2_pb2.OperatorDef], mapping: dict[str, Any]) -> 
     cpu = caffe2_pb2.DeviceOption()
     cpu.device_type = caffe2_pb2.PROTO_CPU
     for op in ops:
-        op_type = op.type
-        option = cpu if op_type == "Iter" else op.device_option
-        for blob in op.input:
+        # (read as slices, which protobuf makes twice as fast as iterating; the device
+        # option only for an op that names a new blob: most name none)
+        op_type, option = op.type, None
+        for blob in op.input[:]:
             if blob not in mapping:
+                if option is None:
+                    option = cpu if op_type == "Iter" else op.device_option
                 mapping[blob] = option
-        for blob in op.output:
+        for blob in op.output[:]:
             if blob not in mapping:
+                if option is None:
+                    option = cpu if op_type == "Iter" else op.device_option
                 mapping[blob] = option
         if op_type.startswith("RecurrentNetwork"):
             for arg in reversed([a for a in op.arg if a.name.endswith("step_net")]):
@@ -111,8 +116,8 @@ def _map_ops(ops: Sequence[caffe2_pb2.OperatorDef], mapping: dict[str, Any]) -> 
 def infer_blob_device(state: ParallelState) -> None:
     """Caffe2's ``_InferBlobDevice``: each blob takes the device of its first op."""
     mapping: dict[str, Any] = {}
-    _map_ops(list(state.model.param_init_net.proto_for_reading().op), mapping)
-    _map_ops(list(state.model.net.proto_for_reading().op), mapping)
+    _map_ops(state.model.param_init_net.proto_for_reading().op, mapping)
+    _map_ops(state.model.net.proto_for_reading().op, mapping)
     state.blob_to_device = mapping
 
 
@@ -124,7 +129,7 @@ def analyze_operators(state: ParallelState) -> None:
         if not IsGPUDeviceType(op.device_option.device_type) or may_name_other_devices(op):
             continue
         namescope = f"{prefix}{op.device_option.device_id}/"
-        for blob in list(op.input) + list(op.output):
+        for blob in op.input[:] + op.output[:]:
             if blob.startswith(prefix) and not blob.startswith(namescope):
                 raise ParallelizeError(
                     f"Blob {blob} of op #{index} {op.type} (on "
@@ -144,7 +149,7 @@ def compute_blobs_to_sync(state: ParallelState) -> tuple[list[BlobReference], li
         blobs, name_set = [], set()
         scoped = prefix + "_"
         for op in model.param_init_net.proto_for_reading().op:
-            for out in op.output:
+            for out in op.output[:]:
                 if out.startswith(scoped):
                     blobs.append(out)
                     name_set.add(out[out.find(_SEP) + 1:])  # stripBlobName
