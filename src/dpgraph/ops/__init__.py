@@ -14,7 +14,7 @@ _FAMILIES = (
     "rebatching_queue", "text_file_reader", "unary", "sparse_mask",
     "segment_ids", "metrics", "row_ops", "dot_padding", "space_batch", "norm_mod", "checks_views",
     "feature_maps", "recsys", "ranking", "histogram",
-    "quantize_rowwise", "quantized_lookup", "percentile",
+    "quantize_rowwise", "quantized_lookup", "percentile", "quantize_random",
 )
 
 for _family in _FAMILIES:
