@@ -33,8 +33,18 @@ import numpy as np
 from dpgraph.ir.registry import register_op
 from dpgraph.ops._common import FLOAT, FLOAT16, ShapeResult, host
 from dpgraph.ops._rowwise_format import (
-    F32, as_rows, fuse, fused_input, half, pack, packed_columns, per_byte, split, typed_input,
-    unpack)
+    F32,
+    as_rows,
+    fuse,
+    fused_input,
+    half,
+    pack,
+    packed_columns,
+    per_byte,
+    split,
+    typed_input,
+    unpack,
+)
 from dpgraph.ops._rowwise_greedy import greedy_range
 from dpgraph.ops.context import OpContext, Outputs
 from dpgraph.proto import caffe2_pb2
