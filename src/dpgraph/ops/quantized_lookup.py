@@ -73,30 +73,48 @@ def _weights(ctx: OpContext, index: int, count: int) -> np.ndarray:
 
 
 # --- the accumulation ----------------------------------------------------------------------
-def _fma(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
-    """float32 ``a · b + c`` rounded once (a·b is exact in float64 for 8-bit codes)."""
-    return (a.astype(np.float64) * b + c).astype(F32)
+def _fma_step(acc: np.ndarray, scale: np.ndarray, codes: np.ndarray, bias: np.ndarray
+              ) -> None:
+    """``acc = fma(scale, codes, acc + bias)`` in place, float32 rounding at each step (the
+    product of a float32 and an 8-bit code is exact in float64, so one cast rounds once)."""
+    np.add(acc, bias[:, None], out=acc)
+    product = codes.astype(np.float64)
+    product *= scale.astype(np.float64)[:, None]
+    product += acc
+    acc[...] = product
 
 
 def embedding_sum(codes: Codes, scale: np.ndarray, bias: np.ndarray, rows: np.ndarray,
                   lens: np.ndarray, block: int, weights: np.ndarray | None = None,
                   mean: bool = False, keep: np.ndarray | None = None) -> np.ndarray:
     """Per segment, ``Σ w · (scale[r] · codes(r) + bias[r])`` over its ``rows`` in order
-    (positions with ``keep`` False add nothing); float32 [len(lens), block]."""
-    out = np.zeros((lens.size, block), dtype=F32)
-    starts = np.cumsum(lens) - lens
-    for k in range(int(lens.max()) if lens.size else 0):
-        seg = np.flatnonzero(lens > k)
-        pos = starts[seg] + k
-        if keep is not None:
-            seg, pos = seg[keep[pos]], pos[keep[pos]]
+    (positions with ``keep`` False add nothing); float32 [len(lens), block].
+
+    Step ``k`` adds the k-th row of every segment at least ``k + 1`` long; segments are
+    visited longest first, so those are a prefix of the accumulator."""
+    order = np.argsort(-lens, kind="stable")
+    longest_first = lens[order]
+    starts = (np.cumsum(lens) - lens)[order]
+    ascending = longest_first[::-1]
+    acc = np.zeros((lens.size, block), dtype=F32)
+    for k in range(int(longest_first[0]) if lens.size else 0):
+        count = lens.size - int(np.searchsorted(ascending, k, side="right"))
+        pos = starts[:count] + k
+        target: Any = slice(0, count)
+        if keep is not None and not keep[pos].all():
+            target = np.flatnonzero(keep[pos])
+            pos = pos[target]
         r = rows[pos]
         w = F32(1) if weights is None else weights[pos]
-        s, b = (w * scale[r]).astype(F32), (w * bias[r]).astype(F32)
-        out[seg] = _fma(s[:, None], codes(r), (out[seg] + b[:, None]).astype(F32))
+        part = acc[target]
+        _fma_step(part, (w * scale[r]).astype(F32), codes(r), (w * bias[r]).astype(F32))
+        if not isinstance(target, slice):
+            acc[target] = part
     if mean:
-        full = np.flatnonzero(lens)
-        out[full] *= (F32(1) / lens[full].astype(F32))[:, None]
+        full = np.flatnonzero(longest_first)
+        acc[full] *= (F32(1) / longest_first[full].astype(F32))[:, None]
+    out = np.empty_like(acc)
+    out[order] = acc
     return out
 
 
@@ -111,12 +129,18 @@ def _lengths_shape(columns: Callable[[int], int]) -> Callable[..., ShapeResult]:
     return infer
 
 
-def _fused_table(ctx: OpContext, sb_dtype: Any, bits: int
+def _fused_table(ctx: OpContext, sb_dtype: Any, bits: int, lookups: int
                  ) -> tuple[Codes, np.ndarray, np.ndarray, int]:
-    """(codes of rows, scale, bias, block) of the 2-D fused table input 0."""
+    """(codes of rows, scale, bias, block) of the 2-D fused table input 0; packed codes are
+    unpacked once up front when the table has no more rows than there are ``lookups``."""
     table = fused_input(ctx, 0, sb_dtype, dims=2)
     data, scale, bias = split(table, sb_dtype)
     block = data.shape[1] * per_byte(bits)
+    if bits == 8:
+        return (lambda r: data[r]), scale, bias, block
+    if table.shape[0] <= lookups:
+        codes = unpack(data, bits, block)
+        return (lambda r: codes[r]), scale, bias, block
     return (lambda r: unpack(data[r], bits, block)), scale, bias, block
 
 
@@ -141,8 +165,8 @@ def _register_fused(name: str, bits: int, sb_dtype: Any) -> None:
                      shape=_lengths_shape(lambda c: (c - width) * per_byte(bits)))
         def kernel(ctx: OpContext, weighted: bool = weighted, mean: bool = mean) -> Outputs:
             """Segment sums (weighted, or means) of dequantized fused-table rows."""
-            codes, scale, bias, block = _fused_table(ctx, sb_dtype, bits)
             idx, lens, w = _inputs(ctx, weighted)
+            codes, scale, bias, block = _fused_table(ctx, sb_dtype, bits, idx.size)
             _in_range(ctx, idx, scale.size)
             return (embedding_sum(codes, scale, bias, idx, lens, block, w, mean),)
 
@@ -155,8 +179,8 @@ def _register_rowwise_sparse(bits: int) -> None:
                      shape=_lengths_shape(lambda c: (c - width) * per_byte(bits)))
         def kernel(ctx: OpContext, weighted: bool = weighted, mean: bool = mean) -> Outputs:
             """Segment sums over a pruned fused table, ids mapped by the last input."""
-            codes, scale, bias, block = _fused_table(ctx, sb_dtype, bits)
             idx, lens, w = _inputs(ctx, weighted)
+            codes, scale, bias, block = _fused_table(ctx, sb_dtype, bits, idx.size)
             mapping = _vector(ctx, 3 + weighted, "COMPRESSED_INDICES_MAPPING")
             if mapping.size == 1 and mapping[0] == 0:  # Caffe2: not pruned
                 _in_range(ctx, idx, scale.size)
@@ -199,8 +223,8 @@ def _unfused_shape(op: Any, shapes: list, types: list) -> ShapeResult:
                  else ((shapes[1][0], shapes[0][1] - 8), FLOAT)])
 def gather_fused_8bit_rowwise(ctx: OpContext) -> Outputs:
     """[DATA uint8 [N, C + 8], INDICES [K]] -> float32 [K, C]: the rows dequantized."""
-    codes, scale, bias, block = _fused_table(ctx, np.float32, 8)
     idx = _vector(ctx, 1, "INDICES")
+    codes, scale, bias, block = _fused_table(ctx, np.float32, 8, idx.size)
     bad = np.flatnonzero((idx < 0) | (idx >= scale.size))
     if bad.size:
         raise ctx.fail(f"INDICES element is out of DATA bounds, id={int(idx[bad[0]])} "
