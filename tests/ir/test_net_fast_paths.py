@@ -269,3 +269,54 @@ def test_parallelize_records_full_creation_stacks() -> None:
     losses = [i for i, op in enumerate(model.net.Proto().op) if op.type == "AveragedLoss"]
     assert [stacks[i] for i in losses] == expected
     assert len(expected) == 2 and len(expected[0]) > 8
+
+
+def test_op_methods_found_directly_behave_like_getattr() -> None:
+    """After first use ``net.<Op>`` is a class attribute; registration is still checked on
+    every access, instance attributes still win, the class itself has no such attribute."""
+    from dpgraph.errors import UnknownOperatorError
+    from dpgraph.ir.registry import OPERATORS, OpSchema
+
+    OPERATORS.add(OpSchema(type="TestOnlyCachedOp"))
+    try:
+        net = Net("op_methods")
+        net.TestOnlyCachedOp("x", "y")
+        assert "TestOnlyCachedOp" in vars(Net)  # installed by the first access
+        net.TestOnlyCachedOp("y", "z")
+        assert [op.type for op in net.Proto().op] == ["TestOnlyCachedOp"] * 2
+        assert not hasattr(Net, "TestOnlyCachedOp") and hasattr(net, "TestOnlyCachedOp")
+        other = Net("op_methods_other")
+        other.__dict__["TestOnlyCachedOp"] = "mine"
+        assert other.TestOnlyCachedOp == "mine"
+    finally:
+        del OPERATORS._schemas["TestOnlyCachedOp"]
+    with pytest.raises(UnknownOperatorError, match="TestOnlyCachedOp is not a registered"):
+        net.TestOnlyCachedOp("z", "w")
+    assert not hasattr(net, "TestOnlyCachedOp")
+    with pytest.raises(AttributeError):
+        net._private_name  # noqa: B018
+
+
+class _NameRef(BlobReference):
+    pass
+
+
+class _Names(list):  # type: ignore[type-arg]
+    pass
+
+
+@pytest.mark.parametrize("blobs", [
+    "x", b"x", BlobReference("s/x"), _NameRef("r"), ["x", b"y", BlobReference("z")],
+    ("x", "y"), [], _Names(["x", _NameRef("q")]), ["x", 3], 3, None, {"x"},
+])
+def test_rectified_names_equal_rectify_input_output(blobs: object) -> None:
+    from dpgraph.ir.operator import RectifyInputOutput, rectified_names
+
+    with NameScope("scope"):
+        try:
+            expected: object = [str(r) for r in RectifyInputOutput(blobs)]
+        except Exception as error:  # noqa: BLE001 - the same error type is expected
+            with pytest.raises(type(error)):
+                rectified_names(blobs)
+            return
+        assert rectified_names(blobs) == expected

@@ -221,6 +221,9 @@ class Net:
         if op_type.startswith("__") or op_type.startswith("_"):
             raise AttributeError(op_type)
         OPERATORS.require_method(op_type)
+        if op_type not in _NET_ATTRIBUTES and not any(
+                op_type in vars(klass) for klass in type(self).__mro__):
+            setattr(Net, op_type, _OpMethod(op_type))  # found directly from now on
         return functools.partial(self._CreateAndAddToSelf, op_type)
 
     def __dir__(self) -> list[str]:
@@ -647,6 +650,28 @@ class Net:
 
     def IsGPU(self) -> bool:
         return IsGPUDeviceType(self._net.device_option.device_type)
+
+
+#: ``Net``'s own attributes, installed op methods included (``Net.__dict__``).
+_NET_ATTRIBUTES = vars(Net)
+
+
+class _OpMethod:
+    """``net.<op_type>`` once an op type was used: a class attribute, so the lookup does not
+    fail first (a failed lookup makes an AttributeError, ~1 us, before ``__getattr__``
+    runs).  Behaves as ``Net.__getattr__``: the op type must still be registered, an
+    instance attribute of the same name wins, and the class itself has no such attribute."""
+
+    __slots__ = ("op_type",)
+
+    def __init__(self, op_type: str) -> None:
+        self.op_type = op_type
+
+    def __get__(self, net: Net | None, owner: type | None = None) -> Callable[..., Any]:
+        if net is None:
+            raise AttributeError(f"type object 'Net' has no attribute {self.op_type!r}")
+        OPERATORS.require_method(self.op_type)
+        return functools.partial(net._CreateAndAddToSelf, self.op_type)
 
 
 #: ``{(id(code), instruction offset): ((file, line, function), code)}``: one frame entry per

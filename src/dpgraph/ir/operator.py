@@ -52,6 +52,17 @@ _RectifyInputOutput = RectifyInputOutput
 def rectified_names(blobs: Any) -> list[str]:
     """The names of ``RectifyInputOutput(blobs)``'s references (same checks and errors),
     without making the references."""
+    kind = type(blobs)  # the common exact types first
+    if kind is str:
+        return [scope.CurrentNameScope() + blobs]
+    if kind is list or kind is tuple:
+        prefix = scope.CurrentNameScope()
+        names = []
+        for blob in blobs:
+            names.append(prefix + blob if type(blob) is str else _rectified_name(blob))
+        return names
+    if kind is BlobReference:
+        return [blobs._name]
     if isinstance(blobs, (list, tuple)):
         return [_rectified_name(b) for b in blobs]
     if isinstance(blobs, (str, bytes, BlobReference)):
@@ -154,6 +165,9 @@ def fill_operator(operator: caffe2_pb2.OperatorDef, operator_type: str, inputs: 
         add_argument = operator.arg.add
         for key, value in kwargs.items():
             if value is not None:
-                encode_argument(add_argument(name=key), key, value)
-    for hook in list(CREATE_HOOKS):
-        hook(operator)
+                argument = add_argument()
+                argument.name = key
+                encode_argument(argument, key, value)
+    if CREATE_HOOKS:
+        for hook in list(CREATE_HOOKS):
+            hook(operator)
