@@ -2,14 +2,18 @@
 
 Inputs: a DB reader (or none: then args ``db``/``db_type`` open one).  Outputs: ``data``
 (float32 NHWC, BGR; NCHW and FLOAT/FLOAT16 on the GPU-transform path), ``label`` and any
-additional outputs.  Images are decoded by ``decode_threads`` pool threads, one batch ahead
+additional outputs.  Images are decoded by ``decode_threads`` threads (the prefetch thread
+and ``decode_threads - 1`` pool threads, each taking the next unclaimed row), one batch ahead
 of the consumer unless ``no_prefetch``.  With ``device_option.random_seed`` set the random
 crops and mirrors follow that seed; otherwise they follow the op's own random stream.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
 import dataclasses
+import queue
 import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -218,15 +222,51 @@ def _one_image(value: bytes, cfg: _Config, draws: _RowDraws, where: str,
     return record, failed
 
 
-def _rows(rows: list[int], values: list[bytes], keys: list[bytes], cfg: _Config,
-          draws: list[_RowDraws], where: str, data: np.ndarray
-          ) -> list[tuple[int, ImageRecord, bool]]:
-    """One decode thread's share of the batch, done in order (one task per thread keeps
-    the hand-offs between threads to one per batch)."""
-    return [(row, *_one_image(values[row], cfg, draws[row],
-                              f"{where}, key {keys[row]!r} (record {row} of the batch)",
-                              data[row]))
-            for row in rows]
+Done = list[tuple[int, "ImageRecord", bool]]
+
+
+def _rows(rows: queue.SimpleQueue[int], values: list[bytes], keys: list[bytes],
+          cfg: _Config, draws: list[_RowDraws], where: str, data: np.ndarray) -> Done:
+    """One decode thread's work: the next unclaimed row of the batch until none is left
+    (threads that run slower, on a busy machine, simply take fewer rows).  A failure
+    empties the queue so the other threads stop after their current image."""
+    done: Done = []
+    try:
+        while True:
+            try:
+                row = rows.get_nowait()
+            except queue.Empty:
+                return done
+            done.append((row, *_one_image(
+                values[row], cfg, draws[row],
+                f"{where}, key {keys[row]!r} (record {row} of the batch)", data[row])))
+    except BaseException:
+        with contextlib.suppress(queue.Empty):
+            while True:
+                rows.get_nowait()
+        raise
+
+
+def _decode_batch(values: list[bytes], keys: list[bytes], cfg: _Config, seed: int,
+                  where: str, data: np.ndarray) -> Done:
+    """Every row of the batch on ``decode_threads`` threads: the calling (prefetch) thread
+    and ``decode_threads - 1`` pool threads, so a batch costs no hand-off with one thread
+    and one per extra thread otherwise.  Returns once no thread is writing into ``data``."""
+    rows: queue.SimpleQueue[int] = queue.SimpleQueue()
+    for row in range(cfg.batch_size):
+        rows.put(row)
+    draws = _row_draws(seed, cfg.batch_size)
+    threads = max(1, min(cfg.threads, cfg.batch_size))
+    pool = cfg.services.decode_pool(threads) if threads > 1 else None
+    futures = [pool.submit(_rows, rows, values, keys, cfg, draws, where, data)
+               for _ in range(threads - 1)] if pool is not None else []
+    try:
+        done = _rows(rows, values, keys, cfg, draws, where, data)
+    finally:
+        concurrent.futures.wait(futures)
+    for future in futures:
+        done.extend(future.result())
+    return sorted(done, key=lambda item: item[0])
 
 
 def _labels(records: list[ImageRecord], cfg: _Config, where: str) -> np.ndarray:
@@ -280,12 +320,7 @@ def _produce(reader: DBReader, cfg: _Config, batch_seed: int) -> list[np.ndarray
     crop, channels = cfg.params.crop, cfg.params.channels
     data = cfg.services.batch_buffer((cfg.batch_size, crop, crop, channels),
                                      np.uint8 if cfg.gpu_transform else np.float32)
-    threads = max(1, min(cfg.threads, cfg.batch_size))
-    pool = cfg.services.decode_pool(threads)
-    draws = _row_draws(batch_seed, cfg.batch_size)
-    futures = [pool.submit(_rows, list(range(t, cfg.batch_size, threads)), values, keys, cfg,
-                           draws, where, data) for t in range(threads)]
-    done = sorted(item for future in futures for item in future.result())
+    done = _decode_batch(values, keys, cfg, batch_seed, where, data)
     records = [record for _, record, _ in done]
     errors = sum(failed for _, _, failed in done)
     if errors / cfg.batch_size > cfg.max_error_ratio:
