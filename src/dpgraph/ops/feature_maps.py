@@ -101,7 +101,8 @@ def _interleave(counts: Sequence[np.ndarray]) -> np.ndarray:
 def _merge(ctx: OpContext, parts: Sequence[np.ndarray], order: np.ndarray) -> np.ndarray:
     dtypes = {p.dtype for p in parts}
     if len(dtypes) > 1:
-        raise ctx.fail(f"every feature's values must have one dtype, got {sorted(map(str, dtypes))}")
+        raise ctx.fail("every feature's values must have one dtype, got "
+                       f"{sorted(map(str, dtypes))}")
     return np.concatenate(parts)[order] if parts else np.zeros(0)
 
 
@@ -117,7 +118,7 @@ def _scatter(ctx: OpContext, grad: Any, order: np.ndarray, sizes: Sequence[int],
     return np.split(flat, np.cumsum(sizes)[:-1]) if sizes else []
 
 
-def _int32(value: np.ndarray) -> np.ndarray:
+def _int32(value: Any) -> np.ndarray:
     return np.asarray(value, dtype=np.int32)
 
 

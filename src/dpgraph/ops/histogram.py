@@ -13,6 +13,8 @@ and bisection steps round the same way.  None has a gradient.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from dpgraph.ir.registry import register_op
@@ -61,8 +63,8 @@ def histogram(ctx: OpContext) -> Outputs:
 
 
 # --- SelfBinningHistogram ---------------------------------------------------------------------
-def _self_bin_edges(low: np.generic, high: np.generic, num_bins: int, logarithmic: bool,
-                    start: np.generic) -> tuple[np.ndarray, np.generic]:
+def _self_bin_edges(low: Any, high: Any, num_bins: int, logarithmic: bool,
+                    start: Any) -> tuple[np.ndarray, Any]:
     """The ``num_bins + 1`` edges for values in ``[low, high]`` (in their float type) and the
     scaled maximum they reach."""
     dtype = type(low)
@@ -136,9 +138,9 @@ def quantile(ctx: OpContext) -> Outputs:
     return (np.array([result], dtype=values.dtype),)
 
 
-def _bisect(ctx: OpContext, values: np.ndarray, target: int, lo: np.generic, hi: np.generic,
-            tol: np.float32, dtype: type) -> np.generic:
-    def count(threshold: np.generic) -> int:
+def _bisect(ctx: OpContext, values: np.ndarray, target: int, lo: Any, hi: Any,
+            tol: np.float32, dtype: type) -> Any:
+    def count(threshold: Any) -> int:
         return int(np.searchsorted(values, threshold, side="right"))
 
     if target == 0:
