@@ -12,6 +12,7 @@ import pytest
 import dpgraph.ops  # noqa: F401  (registers every family)
 from dpgraph.errors import ShapeError
 from dpgraph.ir.operator import CreateOperator
+from dpgraph.ops.gradient_builder import build_gradient
 from dpgraph.ops.testing import run_op
 
 RNG = np.random.default_rng(5)
@@ -335,3 +336,13 @@ def test_rand_rowwise_layout_doc_example_and_unbiased_random_mode() -> None:
     np.testing.assert_allclose(mean, wide[0], atol=0.06)
     with pytest.raises(ShapeError, match="bitwidth"):
         _one("FloatToFusedRandRowwiseQuantized", [x], bitwidth=3)
+
+
+@pytest.mark.parametrize("op_type", ["FloatToFused8BitRowwiseQuantized",
+                                     "SparseLengthsSumFused4BitRowwise", "Percentile",
+                                     "BisectPercentile", "FloatToFusedRandRowwiseQuantized"])
+def test_caffe2_no_gradient_ops_add_nothing(op_type: str) -> None:
+    op = CreateOperator(op_type, ["a", "b", "c"][:1 if "Float" in op_type or "Bisect" in op_type
+                                                  else 3], ["y"])
+    grad_ops, g_input = build_gradient(op, ["y_grad"])
+    assert list(grad_ops) == [] and all(g is None for g in g_input)

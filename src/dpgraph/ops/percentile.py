@@ -22,9 +22,10 @@ from typing import Any
 
 import numpy as np
 
-from dpgraph.ir.registry import register_op
+from dpgraph.ir.registry import OPERATORS, register_gradient, register_op
 from dpgraph.ops._common import FLOAT, host, same_as_input
 from dpgraph.ops.context import OpContext, Outputs
+from dpgraph.ops.gradient_builder import GradientBuilder
 
 F32 = np.float32
 
@@ -146,3 +147,13 @@ def bisect_percentile(ctx: OpContext) -> Outputs:
         part = [t[bounds[f]:bounds[f + 1]] for t in tables]
         out[:, f] = _bisect_feature(x[:, f], *part)
     return (out,)
+
+
+def _no_gradient(g: GradientBuilder) -> None:
+    """Caffe2's ``NO_GRADIENT``: no gradient ops and no input gradients."""
+
+
+for _type in OPERATORS.types():
+    _schema = OPERATORS.get(_type)
+    if _schema is not None and _schema.kernel.__module__ == __name__:
+        register_gradient(_type)(_no_gradient)

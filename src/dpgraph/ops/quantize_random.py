@@ -18,10 +18,11 @@ from typing import Any
 
 import numpy as np
 
-from dpgraph.ir.registry import register_op
+from dpgraph.ir.registry import OPERATORS, register_gradient, register_op
 from dpgraph.ops._common import ShapeResult
 from dpgraph.ops._rowwise_format import F32, typed_input
 from dpgraph.ops.context import OpContext, Outputs
+from dpgraph.ops.gradient_builder import GradientBuilder
 from dpgraph.proto import caffe2_pb2
 
 UINT8: int = caffe2_pb2.TensorProto.UINT8
@@ -103,3 +104,13 @@ def fused_rand_rowwise_quantized_to_float(ctx: OpContext) -> Outputs:
     codes = (table[:, None, HEADER:] >> shifts) & np.uint8((1 << bits) - 1)
     codes = codes.reshape(table.shape[0], per * seg)[:, :columns]
     return ((codes.astype(F32) * gap[:, None] + lo[:, None]).astype(F32),)
+
+
+def _no_gradient(g: GradientBuilder) -> None:
+    """Caffe2's ``NO_GRADIENT``: no gradient ops and no input gradients."""
+
+
+for _type in OPERATORS.types():
+    _schema = OPERATORS.get(_type)
+    if _schema is not None and _schema.kernel.__module__ == __name__:
+        register_gradient(_type)(_no_gradient)

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from dpgraph.ir.registry import register_op
+from dpgraph.ir.registry import OPERATORS, register_gradient, register_op
 from dpgraph.ops._common import FLOAT, FLOAT16, ShapeResult, host
 from dpgraph.ops._rowwise_format import (
     F32,
@@ -47,6 +47,7 @@ from dpgraph.ops._rowwise_format import (
 )
 from dpgraph.ops._rowwise_greedy import greedy_range
 from dpgraph.ops.context import OpContext, Outputs
+from dpgraph.ops.gradient_builder import GradientBuilder
 from dpgraph.proto import caffe2_pb2
 
 UINT8: int = caffe2_pb2.TensorProto.UINT8
@@ -263,3 +264,13 @@ _register_dequantize("Fused8BitRowwiseQuantizedHalfScaleBiasToFloat", 8, np.floa
 # Caffe2 declares this one's output float32 (its kernel is the ...ToFloat one).
 _register_dequantize("Fused8BitRowwiseQuantizedHalfScaleBiasToHalfFloat", 8, np.float16,
                      np.float32)
+
+
+def _no_gradient(g: GradientBuilder) -> None:
+    """Caffe2's ``NO_GRADIENT``: no gradient ops and no input gradients."""
+
+
+for _type in OPERATORS.types():
+    _schema = OPERATORS.get(_type)
+    if _schema is not None and _schema.kernel.__module__ == __name__:
+        register_gradient(_type)(_no_gradient)

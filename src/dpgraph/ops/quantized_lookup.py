@@ -27,11 +27,12 @@ from typing import Any
 
 import numpy as np
 
-from dpgraph.ir.registry import register_op
+from dpgraph.ir.registry import OPERATORS, register_gradient, register_op
 from dpgraph.ops._common import FLOAT, ShapeResult, host
 from dpgraph.ops._rowwise_format import F32, fused_input, per_byte, split, typed_input, unpack
 from dpgraph.ops._sparse_rows import integer_indices
 from dpgraph.ops.context import OpContext, Outputs
+from dpgraph.ops.gradient_builder import GradientBuilder
 from dpgraph.ops.quantize_rowwise import check_scale_bias
 
 Codes = Callable[[np.ndarray], np.ndarray]
@@ -257,3 +258,14 @@ _register_fused("Fused2BitRowwise", 2, np.float16)
 for _bits in (8, 4, 2):
     _register_rowwise_sparse(_bits)
 _register_8bits_rowwise()
+
+
+def _no_gradient(g: GradientBuilder) -> None:
+    """Caffe2's ``NO_GRADIENT``: no gradient ops and no input gradients."""
+
+
+for _type in OPERATORS.types():
+    _schema = OPERATORS.get(_type)
+    if _schema is not None and _schema.kernel.__module__ == __name__ and \
+            _type != "GatherFused8BitRowwise":  # Caffe2 declares no NO_GRADIENT for it
+        register_gradient(_type)(_no_gradient)
