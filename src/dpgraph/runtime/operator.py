@@ -147,7 +147,8 @@ class OpInstance:
     """One operator of an instantiated net."""
 
     __slots__ = ("index", "op", "type", "schema", "kernel", "ctx", "key", "inputs", "outputs",
-                 "control", "cross", "placement_fn", "real_gpu", "net_name", "n_out")
+                 "control", "cross", "placement_fn", "real_gpu", "net_name", "n_out", "mutex",
+                 "empty_inputs", "out_keys")
 
     def __init__(self, op: caffe2_pb2.OperatorDef, index: int, net_name: str,
                  net_device: caffe2_pb2.DeviceOption | None, workspace: Any,
@@ -156,7 +157,7 @@ class OpInstance:
         self.schema = _lookup_schema(op, index, net_name)
         self.kernel: Callable[..., Any] = self.schema.kernel  # type: ignore[assignment]
         device = effective_device(op, net_device)
-        self.key: DeviceKey = device_key(device)
+        self.key: DeviceKey = interned_key(device_key(device))
         try:
             xp = devices.array_module(self.key)
         except DeviceError as error:
@@ -171,6 +172,12 @@ class OpInstance:
         self.placement_fn: Callable[..., list[DeviceKey]] | None = self.schema.extra.get(
             OUTPUT_PLACEMENT)
         self.real_gpu = devices.is_gpu(self.key) and xp is not np
+        # resolved once here rather than on every run
+        mutex = self.schema.mutex_input
+        self.mutex: int | None = mutex if mutex is not None and mutex < len(self.inputs) \
+            else None
+        self.empty_inputs = self.schema.empty_inputs
+        self.out_keys = (self.key,) * self.n_out
 
     def _where(self) -> str:
         net = f" of net {self.net_name!r}" if self.net_name else ""
@@ -180,10 +187,10 @@ class OpInstance:
     def run(self, blobs: Blobs, placement: Placement) -> None:
         """Read inputs, check placements, run the kernel, store the outputs (all under the
         op's mutex input, when its schema names one)."""
-        index = self.schema.mutex_input
-        lock = None
-        if index is not None and index < len(self.inputs):
-            lock = getattr(blobs.get(self.inputs[index]), "lock", None)
+        if self.mutex is None:
+            self._run(blobs, placement)
+            return
+        lock = getattr(blobs.get(self.inputs[self.mutex]), "lock", None)
         if lock is None:
             self._run(blobs, placement)
             return
@@ -195,19 +202,20 @@ class OpInstance:
             values = [blobs[n] for n in self.inputs]
         except KeyError:
             raise self._missing(blobs, placement) from None
-        key = self.key
-        for index, (name, value) in enumerate(zip(self.inputs, values)):
-            if value is None and index in self.schema.empty_inputs:
-                continue
+        key, cross, names = self.key, self.cross, self.inputs
+        for index, value in enumerate(values):
             if value is None:
+                if index in self.empty_inputs:
+                    continue
                 raise self.failure(BlobNotFoundError(
-                    f"input blob {name!r} is empty (created but never written, or freed)."),
-                    values, placement)
-            if not self.cross:
-                where = placement.get(name)
-                if where is not None and where is not key and where != key and \
+                    f"input blob {names[index]!r} is empty (created but never written, or "
+                    f"freed)."), values, placement)
+            if not cross:
+                where = placement.get(names[index])  # keys are interned: mostly identical
+                if where is not key and where is not None and where != key and \
                         not devices.can_read(key, where):
-                    raise self.failure(self._device_error(name, where), values, placement)
+                    raise self.failure(self._device_error(names[index], where), values,
+                                       placement)
         if self.real_gpu and not self.cross:
             values = _host_inputs_to_device(values, key)
         ctx = self.ctx
@@ -233,7 +241,7 @@ class OpInstance:
     def _store(self, blobs: Blobs, placement: Placement, values: list[Any],
                outs: Sequence[Any]) -> None:
         if self.placement_fn is None:
-            keys: Sequence[DeviceKey] = (self.key,) * self.n_out
+            keys: Sequence[DeviceKey] = self.out_keys
         else:
             keys = self.placement_fn(self.key, [placement.get(n) for n in self.inputs],
                                      self.ctx.args)
@@ -325,6 +333,11 @@ def _typed_cause(cause: BaseException, op_type: str) -> BaseException:
 def _unshared(outs: Sequence[Any]) -> Sequence[Any]:
     """``outs`` with any array returned for two outputs copied for the second: two blobs
     never share one array, so a kernel updating one blob in place cannot change another."""
+    if len(outs) == 2 and outs[0] is not outs[1]:
+        return outs
+    if len(outs) == 3 and outs[0] is not outs[1] and outs[0] is not outs[2] and \
+            outs[1] is not outs[2]:
+        return outs
     seen: set[int] = set()
     result: list[Any] | None = None
     for index, value in enumerate(outs):
@@ -368,6 +381,14 @@ def _lookup_schema(op: caffe2_pb2.OperatorDef, index: int, net_name: str) -> OpS
                                "register one with dpgraph.ir.registry.register_op, or remove "
                                "the op from the net.")
     return schema
+
+
+_KEYS: dict[DeviceKey, DeviceKey] = {}
+
+
+def interned_key(key: DeviceKey) -> DeviceKey:
+    """One tuple object per device key, so placement checks mostly compare identities."""
+    return _KEYS.setdefault(key, key)
 
 
 def net_entropy(seed: int, counter: int, net_name: str) -> list[int]:

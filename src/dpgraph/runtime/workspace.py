@@ -41,7 +41,7 @@ from dpgraph.proto import caffe2_pb2
 from dpgraph.runtime import devices
 from dpgraph.runtime.executor import SimpleExecutor, make_executor
 from dpgraph.runtime.first_run import run_first_run_checks
-from dpgraph.runtime.operator import OpInstance, net_entropy
+from dpgraph.runtime.operator import OpInstance, interned_key, net_entropy
 from dpgraph.runtime.serialization import tensor_proto_to_numpy
 
 logger = logging.getLogger("dpgraph.runtime")
@@ -74,6 +74,7 @@ class NetInstance:
                                       self.name)
         self.checked = False
         self._cancelled = threading.Event()
+        self._forget = False  # cancel() marked this net's threads (see run())
         self._runner: int | None = None  # the thread in run(), while it runs
 
     def run(self) -> None:
@@ -89,7 +90,9 @@ class NetInstance:
                 raise self._cancelled_error() from error
             raise
         finally:
-            forget_cancelled(self._threads())
+            if self._forget:  # only a cancel() marked threads (enumerating them costs)
+                self._forget = False
+                forget_cancelled(self._threads())
             self._runner = None
         if self._cancelled.is_set():
             raise self._cancelled_error()
@@ -99,6 +102,7 @@ class NetInstance:
         return, and ``run()`` raises :class:`NetCancelledError`."""
         self._cancelled.set()
         cancel_blocking_waits(self._threads())
+        self._forget = True  # after marking: a run ending in between forgets at its next end
 
     def _threads(self) -> list[int]:
         """The threads that run this net's ops: the caller of run() and the executor's."""
@@ -268,7 +272,8 @@ class Workspace:
     def set_blob(self, name: Any, value: Any, device: DeviceKey | None = devices.CPU_KEY) -> None:
         """Store ``value`` as is on placement ``device`` (no conversion, no copy)."""
         self._blobs[str(name)] = value
-        self._placement[str(name)] = device if devices.is_array(value) else None
+        self._placement[str(name)] = interned_key(device) \
+            if device is not None and devices.is_array(value) else None
 
     def feed_blob(self, name: Any, value: Any,
                   device_option: caffe2_pb2.DeviceOption | None = None) -> bool:
