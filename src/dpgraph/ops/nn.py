@@ -77,8 +77,35 @@ def reusable_output(ctx: OpContext, index: int, shape: tuple[int, ...],
     return None if reuse is None else reuse(index, shape, dtype)
 
 
+_FC_PLAN = "\0fc_plan"
+
+
+def _fc_plan(ctx: OpContext) -> tuple[bool, int]:
+    """(whether ``axis`` and ``axis_w`` select the last dimension of 2-D X and W, number of
+    outputs), decided once per op instance and kept in its decoded arguments."""
+    plan = ctx.args.get(_FC_PLAN)
+    if plan is None:
+        last = ctx.int_arg("axis", 1) in (1, -1) and ctx.int_arg("axis_w", 1) in (1, -1)
+        plan = ctx.args[_FC_PLAN] = (last, len(ctx.op.output))
+    return plan
+
+
+def _plain_matrices(x: Any, w: Any, other: Any, other_ndim: int) -> bool:
+    """Numpy arrays of one dtype, X and W 2-D with matching columns, ``other`` (b or dY)
+    ``other_ndim``-D with W's row count as its last dimension."""
+    return type(x) is np.ndarray and type(w) is np.ndarray and type(other) is np.ndarray \
+        and x.ndim == 2 and w.ndim == 2 and other.ndim == other_ndim and \
+        x.dtype == w.dtype and w.dtype == other.dtype and x.shape[1] == w.shape[1] and \
+        other.shape[-1] == w.shape[0]
+
+
 def _fc_forward(ctx: OpContext, transposed: bool) -> Outputs:
     x, w, b = ctx.inputs
+    if not transposed and _fc_plan(ctx)[0] and _plain_matrices(x, w, b, 1):
+        # the common FC: no reshape, axis arithmetic or conversion, the same matmul
+        y = np.matmul(x, w.T)
+        y += b  # into the matmul's result: no second [M, N] temporary
+        return (y,)
     axis, m, k, n = _fc_dims(ctx, x.shape, w.shape, transposed)
     if b.size != n:
         raise ctx.fail(f"bias {ctx.input_name(2)!r} has {b.size} values for {n} outputs")
@@ -104,6 +131,14 @@ def _shaped(value: Any, shape: tuple[int, ...]) -> Any:
 
 def _fc_backward(ctx: OpContext, transposed: bool) -> Outputs:
     x, w, dy = ctx.inputs
+    if not transposed:
+        plain, num_outputs = _fc_plan(ctx)
+        if plain and _plain_matrices(x, w, dy, 2) and dy.shape[0] == x.shape[0]:
+            # the general path's matmuls and sum on the same (unreshaped) arrays
+            outs = [np.matmul(dy.T, x), dy.sum(axis=0)]
+            if num_outputs > 2:
+                outs.append(np.matmul(dy, w))
+            return outs
     axis, m, k, n = _fc_dims(ctx, x.shape, w.shape, transposed)
     x2, dy2 = x.reshape(m, k), dy.reshape(m, n)
     dw = ctx.xp.matmul(x2.T, dy2) if transposed else ctx.xp.matmul(dy2.T, x2)
