@@ -76,12 +76,28 @@ _BACKWARD_INTO: dict[str, Callable[[Any, Any, Any], Any]] = {
 }
 
 
+_IN_PLACE = "\0in_place"
+
+
+def _into(ctx: OpContext, value: np.ndarray, input_index: int) -> np.ndarray | None:
+    """``out=`` for a hot activation: ``value`` (input ``input_index``) when the op writes
+    its blob in place (names compared once per op instance) and the array may be written
+    there (it owns its memory, a view could alias another blob), else None: a new array."""
+    in_place = ctx.args.get(_IN_PLACE)
+    if in_place is None:
+        in_place = ctx.args[_IN_PLACE] = ctx.op.input[input_index] == ctx.op.output[0]
+    return value if in_place and value.base is None and value.flags.writeable else None
+
+
 def _register_activation(op_type: str) -> None:
     forward, backward = _FORWARD[op_type], _BACKWARD[op_type]
     forward_into, backward_into = _FORWARD_INTO.get(op_type), _BACKWARD_INTO.get(op_type)
 
     def kernel(ctx: OpContext) -> Outputs:
-        x = ctx.xp.asarray(ctx.inputs[0])
+        x = ctx.inputs[0]
+        if forward_into is not None and type(x) is np.ndarray and x.dtype.kind == "f":
+            return (forward_into(x, _into(ctx, x, 0)),)
+        x = ctx.xp.asarray(x)
         if forward_into is not None and same_float_arrays(x):
             return (forward_into(x, out_buffer(ctx, 0, 0)),)
         return (as_dtype(ctx.xp, forward(ctx, ctx.xp, x), x.dtype),)
@@ -90,7 +106,11 @@ def _register_activation(op_type: str) -> None:
     register_op(op_type, inputs=1, outputs=1, inplace=[(0, 0)], shape=same_as_input())(kernel)
 
     def grad_kernel(ctx: OpContext) -> Outputs:
-        y, dy = (ctx.xp.asarray(v) for v in ctx.inputs)
+        y, dy = ctx.inputs
+        if backward_into is not None and type(y) is np.ndarray and type(dy) is np.ndarray \
+                and y.dtype.kind == "f" and dy.dtype == y.dtype and y.shape == dy.shape:
+            return (backward_into(y, dy, _into(ctx, dy, 1)),)
+        y, dy = ctx.xp.asarray(y), ctx.xp.asarray(dy)
         if backward_into is not None and same_float_arrays(y, dy) and y.shape == dy.shape:
             return (backward_into(y, dy, out_buffer(ctx, 1, 0)),)
         return (as_dtype(ctx.xp, backward(ctx, ctx.xp, y, dy), dy.dtype),)
