@@ -78,3 +78,107 @@ def test_momentum_update_failing_op_writes_nothing() -> None:
         run_op(op, [g, m, np.zeros(0, F32), p])  # an empty learning rate
     for value, before in zip([g, m, p], kept):
         np.testing.assert_array_equal(value, before)
+
+
+# --- fast paths of FC, Relu and SoftmaxWithLoss give the general paths' bits -------------
+def _bits(values: list) -> list[bytes]:
+    return [np.asarray(v).tobytes() + str(np.asarray(v).dtype).encode() for v in values]
+
+
+def _both_paths(monkeypatch: pytest.MonkeyPatch, module: object, fast_check: str,
+                ops: list, blobs: dict) -> tuple[dict, dict]:
+    """Run ``ops`` with the fast paths, then with ``module.fast_check`` forced to refuse."""
+    fast = run_ops(ops, {k: v.copy() for k, v in blobs.items()})
+    with monkeypatch.context() as patch:
+        patch.setattr(module, fast_check, lambda *args, **kwargs: None)
+        general = run_ops(ops, {k: v.copy() for k, v in blobs.items()})
+    return fast, general
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_fc_fast_path_matches_general_path(monkeypatch: pytest.MonkeyPatch,
+                                           dtype: type) -> None:
+    from dpgraph.ops import nn
+
+    blobs = {"x": f32(6, 5).astype(dtype), "w": f32(4, 5).astype(dtype),
+             "b": f32(4).astype(dtype), "dy": f32(6, 4).astype(dtype)}
+    ops = [make_op("FC", ["x", "w", "b"], ["y"]),
+           make_op("FCGradient", ["x", "w", "dy"], ["dw", "db", "dx"]),
+           make_op("FCGradient", ["x", "w", "dy"], ["dw2", "db2"])]
+    fast, general = _both_paths(monkeypatch, nn, "_plain_matrices", ops, blobs)
+    names = ["y", "dw", "db", "dx", "dw2", "db2"]
+    assert _bits([fast[n] for n in names]) == _bits([general[n] for n in names])
+    np.testing.assert_allclose(fast["y"], blobs["x"] @ blobs["w"].T + blobs["b"], rtol=1e-6)
+
+
+def test_fc_fast_path_refuses_what_it_does_not_handle() -> None:
+    """3-D input with axis=2, mismatched bias, mixed dtypes: the general path's results
+    and errors."""
+    x, w, b = f32(2, 3, 4), f32(5, 4), f32(5)
+    y = run_op(make_op("FC", ["x", "w", "b"], ["y"], axis=2), [x, w, b])[0]
+    assert y.shape == (2, 3, 5)
+    np.testing.assert_allclose(y, x @ w.T + b, rtol=1e-5)
+    with pytest.raises(Exception, match="bias"):
+        run_op(make_op("FC", ["x", "w", "b"], ["y"]), [f32(3, 4), w, f32(4)])
+    y64 = run_op(make_op("FC", ["x", "w", "b"], ["y"]), [f32(3, 4), w, f32(5).astype(
+        np.float64)])[0]
+    assert y64.dtype == F32
+
+
+@pytest.mark.parametrize("in_place", [False, True])
+def test_relu_fast_path_gives_the_formulas_bits(in_place: bool) -> None:
+    out, grad_out = ("x", "dy") if in_place else ("y", "dx")
+    x, dy = f32(5, 7), f32(5, 7)
+    x[0, :3] = [0.0, -0.0, np.nan]
+    ops = [make_op("Relu", ["x"], [out]), make_op("ReluGradient", [out, "dy"], [grad_out])]
+    got = run_ops(ops, {"x": x.copy(), "dy": dy.copy()})
+    y = np.maximum(x, 0)
+    assert _bits([got[out], got[grad_out]]) == _bits([y, dy * (y > 0)])
+
+
+def test_relu_fast_path_in_place_only_where_the_op_is() -> None:
+    x = f32(3, 4)
+    kept = x.copy()
+    y = run_op(make_op("Relu", ["x"], ["y"]), [x])[0]
+    np.testing.assert_array_equal(x, kept)  # not in place: the input is left alone
+    assert y is not x
+    y2 = run_op(make_op("Relu", ["x"], ["x"]), [x])[0]
+    assert y2 is x  # in place, as Caffe2
+    np.testing.assert_array_equal(y2, np.maximum(kept, 0))
+    view = f32(6, 4)[:3]
+    kept_view = view.copy()
+    run_op(make_op("Relu", ["x"], ["x"]), [view])
+    np.testing.assert_array_equal(view, kept_view)  # a view is never written
+
+
+@pytest.mark.parametrize("case", ["plain", "big_logits", "neg_inf_logit", "int64_labels",
+                                  "column_labels", "scaled"])
+def test_softmax_with_loss_fast_path_matches_general_path(
+        monkeypatch: pytest.MonkeyPatch, case: str) -> None:
+    from dpgraph.ops import loss
+
+    x = f32(8, 10)
+    label = RNG.integers(0, 10, 8).astype(np.int64 if case == "int64_labels" else np.int32)
+    kwargs = {"scale": 0.5} if case == "scaled" else {}
+    if case == "big_logits":
+        x[0] = 80.0
+        x[1, 3] = 1e4
+    if case == "neg_inf_logit":  # -inf log-probability: the one-hot product gives NaN
+        x[2, (label[2] + 1) % 10] = -np.inf
+    if case == "column_labels":
+        label = label.reshape(8, 1)
+    blobs = {"x": x, "label": label, "dloss": np.array(1.5, F32)}
+    ops = [make_op("SoftmaxWithLoss", ["x", "label"], ["p", "loss"], **kwargs),
+           make_op("SoftmaxWithLossGradient", ["x", "label", "p", "dloss"], ["dx"], **kwargs)]
+    fast, general = _both_paths(monkeypatch, loss, "_plain_labels", ops, blobs)
+    names = ["p", "loss", "dx"]
+    assert _bits([fast[n] for n in names]) == _bits([general[n] for n in names])
+    assert np.isnan(fast["loss"]) == (case == "neg_inf_logit")
+
+
+def test_softmax_with_loss_bad_labels_still_raise() -> None:
+    op = make_op("SoftmaxWithLoss", ["x", "label"], ["p", "loss"])
+    with pytest.raises(Exception, match=r"labels must lie in \[0, 10\)"):
+        run_op(op, [f32(4, 10), np.array([0, 1, 10, 2], np.int32)])
+    with pytest.raises(Exception, match=r"labels must lie in \[0, 10\)"):
+        run_op(op, [f32(4, 10), np.array([0, -1, 3, 2], np.int32)])

@@ -98,12 +98,58 @@ def _softmax_loss_parts(ctx: OpContext, x2: Any, label: Any, weight: Any | None)
     return target, w, float(w.sum()) if weight is not None else float(n)
 
 
+_PLAIN_PLAN = "\0softmax_loss_plain"
+
+
+def _plain_labels(ctx: OpContext, x: Any, label: Any, num_inputs: int) -> Any:
+    """The labels as a flat integer array when the op is the common case the fast paths
+    handle, else None: numpy float logits [N, D] (N > 0) classified along axis 1, integer
+    class ids (one per row, all in [0, D)), no weight input and no ``label_prob``.  The
+    argument part is decided once per op instance; bad labels take the general path,
+    which raises its error."""
+    plain = ctx.args.get(_PLAIN_PLAN)
+    if plain is None:
+        plain = ctx.args[_PLAIN_PLAN] = ctx.int_arg("axis", 1) in (1, -1) and \
+            not ctx.int_arg("label_prob", 0)
+    if not plain or len(ctx.inputs) != num_inputs or type(x) is not np.ndarray or \
+            x.ndim != 2 or x.dtype.kind != "f" or not x.shape[0] or \
+            type(label) is not np.ndarray or label.dtype.kind not in "iu" or \
+            label.size != x.shape[0]:
+        return None
+    flat = label.reshape(-1)
+    if int(flat.min()) < 0 or int(flat.max()) >= x.shape[1]:
+        return None
+    return flat
+
+
+def _plain_softmax_with_loss(ctx: OpContext, x: Any, labels: Any) -> Outputs:
+    """SoftmaxWithLoss for :func:`_plain_labels`' case: the general path's float operations
+    (softmax, log-softmax, the row losses and their sum) with fewer temporaries, and the
+    label entries read directly, which gives the one-hot product's values where every
+    log-probability is finite (else the general path runs)."""
+    shifted = x - x.max(axis=1, keepdims=True)
+    p = np.exp(shifted)
+    total = p.sum(axis=1, keepdims=True)
+    p /= total
+    np.subtract(shifted, np.log(total), out=shifted)  # the log-softmax
+    if not shifted.min() > -np.inf:  # a -inf or NaN log-probability: one-hot semantics
+        return None
+    per_row = -shifted[np.arange(x.shape[0]), labels]
+    loss = per_row.sum() * ctx.float_arg("scale", 1.0) / float(x.shape[0])
+    return p, np.asarray(loss, dtype=x.dtype)
+
+
 @register_op("SoftmaxWithLoss", inputs=(2, 3), outputs=2,
              shape=lambda op, s, t: [like_inputs(0)(op, s, t)[0], ((), FLOAT)])
 def softmax_with_loss(ctx: OpContext) -> Outputs:
     """[logits, label(, weight)] -> [softmax, avg_loss]; args scale, label_prob, axis."""
     xp = ctx.xp
     x = ctx.inputs[0]
+    labels = _plain_labels(ctx, x, ctx.inputs[1], 2)
+    if labels is not None:
+        outs = _plain_softmax_with_loss(ctx, x, labels)
+        if outs is not None:
+            return outs
     x2 = _as_2d(ctx, x)
     weight = ctx.inputs[2] if len(ctx.inputs) > 2 else None
     p, log_softmax = _softmax_rows(x2, xp)
@@ -128,6 +174,17 @@ def softmax_with_loss_gradient(ctx: OpContext) -> Outputs:
     """[X, label, (weight,) softmax, d_avg_loss] -> dX."""
     xp = ctx.xp
     x, label = ctx.inputs[0], ctx.inputs[1]
+    labels = _plain_labels(ctx, x, label, 4)
+    p = ctx.inputs[-2]
+    if labels is not None and type(p) is np.ndarray and p.shape == x.shape and \
+            p.dtype == x.dtype:
+        # (P - one-hot) * factor, as the general path computes it: P - 0 is P
+        factor = ctx.float_arg("scale", 1.0) * float(
+            xp.asarray(ctx.inputs[-1]).reshape(-1)[0]) / x.shape[0]
+        dx = p.copy()
+        dx[np.arange(x.shape[0]), labels] -= 1
+        dx *= x.dtype.type(factor)
+        return (dx,)
     weight = ctx.inputs[2] if len(ctx.inputs) == 5 else None
     p, d_loss = ctx.inputs[-2], ctx.inputs[-1]
     x2 = _as_2d(ctx, x)
