@@ -200,14 +200,14 @@ def _pack(image: Image.Image, box: tuple[int, int, int, int], rawmode: str) -> b
 def _reverse_rows(data: bytes, rows: int) -> np.ndarray:
     """``data`` (``rows`` equal rows of bytes) with each row's bytes in reverse order, as
     a contiguous uint8 array.  numpy reverses single bytes slowly, so the rows are reversed
-    as 8-, 4- or 2-byte words (the widest that divides a row) whose bytes are then swapped."""
+    as 8-, 4- or 2-byte words (the widest that divides a row), read in the opposite byte
+    order: one copy that also reverses the bytes inside each word."""
     row_bytes = len(data) // rows
     word = next(w for w in (8, 4, 2, 1) if row_bytes % w == 0)
-    words = np.frombuffer(data, dtype=f"=u{word}").reshape(rows, row_bytes // word)
-    out = np.empty(words.shape, dtype=words.dtype)
+    swapped = np.dtype(f"u{word}").newbyteorder("S")
+    words = np.frombuffer(data, dtype=swapped).reshape(rows, row_bytes // word)
+    out = np.empty(words.shape, dtype=f"=u{word}")
     np.copyto(out, words[:, ::-1])
-    if word > 1:
-        out.byteswap(inplace=True)
     return out.view(np.uint8)
 
 
