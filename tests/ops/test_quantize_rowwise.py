@@ -346,3 +346,16 @@ def test_caffe2_no_gradient_ops_add_nothing(op_type: str) -> None:
                                                   else 3], ["y"])
     grad_ops, g_input = build_gradient(op, ["y_grad"])
     assert list(grad_ops) == [] and all(g is None for g in g_input)
+
+
+@pytest.mark.parametrize("shape", [(0, 4), (4,), (2, 0, 4)])
+def test_empty_and_vector_inputs_keep_their_leading_dimensions(shape: tuple) -> None:
+    x = RNG.uniform(size=shape).astype(F32)
+    for quant, dequant, extra in (
+            ("FloatToFused8BitRowwiseQuantized", "Fused8BitRowwiseQuantizedToFloat", 8),
+            ("FloatToFused4BitRowwiseQuantized", "Fused4BitRowwiseQuantizedToFloat", -2 + 4)):
+        q = _one(quant, [x])
+        assert q.shape == (*shape[:-1], shape[-1] + extra)
+        assert _one(dequant, [q]).shape == shape
+    with pytest.raises(ShapeError, match="no columns"):
+        _one("FloatToFused8BitRowwiseQuantized", [np.zeros((3, 0), F32)])

@@ -52,6 +52,11 @@ def as_rows(value: np.ndarray) -> np.ndarray:
     return value.reshape(int(np.prod(value.shape[:-1], dtype=np.int64)), value.shape[-1])
 
 
+def unrows(rows: np.ndarray, like: np.ndarray) -> np.ndarray:
+    """Matrix ``rows`` back to ``like``'s leading dimensions (its own last dimension)."""
+    return rows.reshape(*like.shape[:-1], rows.shape[1])
+
+
 def per_byte(bits: int) -> int:
     return 8 // bits
 
@@ -70,7 +75,7 @@ def pack(q: np.ndarray, bits: int) -> np.ndarray:
     padded = np.zeros((rows, packed_columns(cols, bits) * per), dtype=np.uint8)
     padded[:, :cols] = q
     shifts = (np.arange(per, dtype=np.uint8) * bits).astype(np.uint8)
-    lanes = padded.reshape(rows, -1, per) << shifts
+    lanes = padded.reshape(rows, padded.shape[1] // per, per) << shifts
     return np.bitwise_or.reduce(lanes, axis=2).astype(np.uint8)
 
 
@@ -87,7 +92,8 @@ def unpack(data: np.ndarray, bits: int, columns: int) -> np.ndarray:
 def fuse(data: np.ndarray, scale: np.ndarray, bias: np.ndarray, sb_dtype: Any) -> np.ndarray:
     """[data bytes | scale | bias] rows: scale and bias stored as ``sb_dtype``."""
     sb = np.stack([scale, bias], axis=1).astype(sb_dtype)
-    return np.concatenate([data, sb.view(np.uint8).reshape(data.shape[0], -1)], axis=1)
+    sb_bytes = sb.view(np.uint8).reshape(data.shape[0], 2 * np.dtype(sb_dtype).itemsize)
+    return np.concatenate([data, sb_bytes], axis=1)
 
 
 def split(rows: np.ndarray, sb_dtype: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -44,6 +44,7 @@ from dpgraph.ops._rowwise_format import (
     split,
     typed_input,
     unpack,
+    unrows,
 )
 from dpgraph.ops._rowwise_greedy import greedy_range
 from dpgraph.ops.context import OpContext, Outputs
@@ -132,7 +133,7 @@ def _register_8bit(source: str) -> None:
         """X [..., C] -> uint8 [..., C + 8]: codes, float32 scale, float32 bias."""
         x = _input_rows(ctx, dtype, 8)
         codes, scale, bias = quantize_8bit_float_sb(as_rows(x).astype(F32))
-        return (fuse(codes, scale, bias, np.float32).reshape(*x.shape[:-1], -1),)
+        return (unrows(fuse(codes, scale, bias, np.float32), x),)
 
 
 def _register_8bit_half_sb(source: str) -> None:
@@ -144,7 +145,7 @@ def _register_8bit_half_sb(source: str) -> None:
         """X [..., C] -> uint8 [..., C + 4]: codes, float16 scale, float16 bias."""
         x = _input_rows(ctx, dtype, 8)
         codes, scale, bias = quantize_nbit(as_rows(x).astype(F32), 8, greedy=False)
-        return (fuse(codes, scale, bias, np.float16).reshape(*x.shape[:-1], -1),)
+        return (unrows(fuse(codes, scale, bias, np.float16), x),)
 
 
 def _register_dequantize(op_type: str, bits: int, sb_dtype: Any, out_dtype: Any) -> None:
@@ -158,7 +159,7 @@ def _register_dequantize(op_type: str, bits: int, sb_dtype: Any, out_dtype: Any)
         table = fused_input(ctx, 0, sb_dtype, need_data=False)
         data, scale, bias = split(as_rows(table), sb_dtype)
         values = dequantize(unpack(data, bits, data.shape[1] * per), scale, bias)
-        return (values.astype(out_dtype).reshape(*table.shape[:-1], -1),)
+        return (unrows(values.astype(out_dtype), table),)
 
 
 # --- fused N-bit ---------------------------------------------------------------------------
@@ -176,7 +177,7 @@ def _register_nbit(source: str, bits: int) -> None:
         (``engine="GREEDY"``: the greedy range)."""
         x = _input_rows(ctx, dtype, bits)
         codes, scale, bias = quantize_nbit(as_rows(x).astype(F32), bits, _greedy(ctx))
-        return (fuse(pack(codes, bits), scale, bias, np.float16).reshape(*x.shape[:-1], -1),)
+        return (unrows(fuse(pack(codes, bits), scale, bias, np.float16), x),)
 
 
 def _register_fake(source: str, bits: int) -> None:
@@ -211,7 +212,7 @@ def _rowwise_8bits_shape(op: Any, shapes: list, types: list) -> ShapeResult:
 def float_to_rowwise_quantized_8bits(ctx: OpContext) -> Outputs:
     """X [N, ...] -> (uint8 codes like X, scale_bias [N, 2] float32)."""
     x = typed_input(ctx, 0, np.float32)
-    rows = x.reshape(x.shape[0], -1)
+    rows = x.reshape(x.shape[0], int(np.prod(x.shape[1:], dtype=np.int64)))
     lo = rows.min(axis=1) if rows.size else np.zeros(rows.shape[0], F32)
     hi = rows.max(axis=1) if rows.size else lo
     flat = (hi - lo).astype(F32) < F32(1e-10)
@@ -231,7 +232,7 @@ def rowwise_8bit_quantized_to_float(ctx: OpContext) -> Outputs:
     """[codes [N, ...] uint8, scale_bias [N, 2]] -> float32 ``codes · scale + bias``."""
     codes = typed_input(ctx, 0, np.uint8)
     sb = check_scale_bias(ctx, 1, codes.shape[0])
-    rows = codes.reshape(codes.shape[0], -1)
+    rows = codes.reshape(codes.shape[0], int(np.prod(codes.shape[1:], dtype=np.int64)))
     return (dequantize(rows, sb[:, 0], sb[:, 1]).reshape(codes.shape),)
 
 

@@ -204,7 +204,7 @@ def _register_8bits_rowwise() -> None:
             sb = check_scale_bias(ctx, 3 + weighted, data.shape[0])
             idx, lens, w = _inputs(ctx, weighted)
             _in_range(ctx, idx, data.shape[0])
-            rows = data.reshape(data.shape[0], -1)
+            rows = data.reshape(data.shape[0], int(np.prod(data.shape[1:], dtype=np.int64)))
             out = embedding_sum(lambda r: rows[r], sb[:, 0].astype(F32), sb[:, 1].astype(F32),
                                 idx, lens, rows.shape[1], w, mean)
             return (out.reshape(lens.size, *data.shape[1:]),)
