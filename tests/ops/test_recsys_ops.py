@@ -205,6 +205,7 @@ def test_partition_gather_by_key_and_lengths_partition() -> None:
         _run("LengthsPartition", [lengths[:2], keys, data], outputs=6)
     with pytest.raises(ShapeError, match="multiple"):
         _run("Partition", [keys, data], outputs=3)
+    assert build_gradient(op, ["k0_g", "d0_g", None, None, None, None]) == ([], [None, None])
 
 
 def test_weighted_sample() -> None:

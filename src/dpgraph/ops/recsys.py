@@ -339,3 +339,12 @@ def weighted_sample(ctx: OpContext) -> Outputs:
         picked = values[np.arange(batch), index].astype(np.float32)
         outs.append(picked.reshape(batch, 1))
     return outs
+
+
+# --- Caffe2's NO_GRADIENT ---------------------------------------------------------------------
+def _no_gradient(g: GradientBuilder) -> None:
+    """Caffe2's ``NO_GRADIENT``: no gradient ops and no input gradients."""
+
+
+for _type in ("NGramFromCategorical", "Partition", "LengthsPartition"):
+    register_gradient(_type)(_no_gradient)
