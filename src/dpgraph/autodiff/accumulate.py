@@ -59,16 +59,25 @@ Generator = GradGenMeta | SparseGradGenMeta
 
 
 # --- collecting generators -----------------------------------------------------------------
-def _gradient_writes(grad_ops: Sequence[caffe2_pb2.OperatorDef]) -> list[tuple[int, int, str]]:
-    """``(op index, output position, name)`` of every output of the gradient ops.
+Names = Sequence[tuple[Sequence[str], Sequence[str]]]
+
+
+def _names_of(ops: Sequence[caffe2_pb2.OperatorDef]) -> list[tuple[list[str], list[str]]]:
+    return [(op.input[:], op.output[:]) for op in ops]
+
+
+def _gradient_writes(grad_ops: Sequence[caffe2_pb2.OperatorDef],
+                     names: Names | None = None) -> list[tuple[int, int, str]]:
+    """``(op index, output position, name)`` of every output of the gradient ops
+    (``names``: their input and output names, when already read).
 
     Two ops writing the same name are two pieces (``Mul(x, x)``), except that an op
     updating a name in place (reading and writing it) refines the earlier piece.
     """
     writes: list[tuple[int, int, str]] = []
-    for k, grad_op in enumerate(grad_ops):
-        for i, name in enumerate(grad_op.output):
-            if name in grad_op.input:
+    for k, (inputs, outputs) in enumerate(names if names is not None else _names_of(grad_ops)):
+        for i, name in enumerate(outputs):
+            if name in inputs:
                 writes = [w for w in writes if w[2] != name]
             writes.append((k, i, name))
     return writes
@@ -76,7 +85,10 @@ def _gradient_writes(grad_ops: Sequence[caffe2_pb2.OperatorDef]) -> list[tuple[i
 
 def _input_of_gradient(g_input: Sequence[object], name: str) -> int | None:
     for index, grad in enumerate(g_input):
-        if isinstance(grad, GradientSlice):
+        if type(grad) is str:  # the common case first
+            if grad == name:
+                return index
+        elif isinstance(grad, GradientSlice):
             if name in (grad.indices, grad.values):
                 return index
         elif grad is not None and grad == name:
@@ -86,19 +98,23 @@ def _input_of_gradient(g_input: Sequence[object], name: str) -> int | None:
 
 def grad_op_generators(
     forward_op: caffe2_pb2.OperatorDef, grad_ops: Sequence[caffe2_pb2.OperatorDef],
-    g_input: Sequence[str | GradientSlice | None],
+    g_input: Sequence[str | GradientSlice | None], forward_inputs: Sequence[str] | None = None,
+    grad_names: Names | None = None,
 ) -> list[tuple[str, Generator]]:
-    """``(input name, generator)`` for every input gradient a gradient op writes.
+    """``(input name, generator)`` for every input gradient a gradient op writes
+    (``forward_inputs``, ``grad_names``: the ops' blob names, when already read).
 
     The indices and values of one sparse gradient merge into one generator.
     """
+    if forward_inputs is None:
+        forward_inputs = forward_op.input[:]
     found: list[tuple[str, Generator]] = []
     sparse: dict[str, SparseGradGenMeta] = {}
-    for k, i, name in _gradient_writes(grad_ops):
+    for k, i, name in _gradient_writes(grad_ops, grad_names):
         index = _input_of_gradient(g_input, name)
         if index is None:
             continue
-        grad, op, input_name = g_input[index], grad_ops[k], forward_op.input[index]
+        grad, op, input_name = g_input[index], grad_ops[k], forward_inputs[index]
         if not isinstance(grad, GradientSlice):
             found.append((input_name, GradGenMeta(op, i, name, op.device_option)))
             continue
@@ -116,11 +132,12 @@ def grad_op_generators(
 
 def pass_through_generators(
     forward_op: caffe2_pb2.OperatorDef, g_input: Sequence[str | GradientSlice | None],
-    locally_generated: set[str],
+    locally_generated: set[str], forward_inputs: Sequence[str] | None = None,
 ) -> list[tuple[str, Generator]]:
     """Generators for input gradients no gradient op writes (passed through from outputs)."""
     found: list[tuple[str, Generator]] = []
-    for input_name, grad in zip(forward_op.input, g_input):
+    inputs = forward_inputs if forward_inputs is not None else forward_op.input[:]
+    for input_name, grad in zip(inputs, g_input):
         if grad is None:
             continue
         if isinstance(grad, GradientSlice):

@@ -138,15 +138,16 @@ class IR(SSA):
     def _gradients_for_op(self, fwd_op_idx: int, grads: GradMap
                           ) -> tuple[GradMap, list[caffe2_pb2.OperatorDef]]:
         op = self.ssa[fwd_op_idx].op
-        g_output = [grads.get(name) for name in op.output]
-        if all(g is None for g in g_output) and op.type != "ZeroGradient":
+        inputs, outputs = self.blob_names[fwd_op_idx]
+        g_output = [grads.get(name) for name in outputs]
+        if g_output.count(None) == len(g_output) and op.type != "ZeroGradient":
             return {}, []
         grad_ops, g_input = self.registry.GetGradientForOp(op, g_output)
         self.BuildGradientGenerators(fwd_op_idx, grad_ops, g_output, g_input)
         new_grads: GradMap = {}
-        for name, grad in zip(op.input, g_input):
+        for name, grad in zip(inputs, g_input):
             # Keep a known gradient unless this op (in place) wrote the blob.
-            if grad is not None or name not in grads or name in op.output:
+            if grad is not None or name not in grads or name in outputs:
                 new_grads[name] = grad
         return new_grads, grad_ops
 
@@ -156,19 +157,22 @@ class IR(SSA):
                                 g_input: Sequence[GradValue]) -> None:
         """Check the gradient ops' inputs and record where each input gradient comes from."""
         entry = self.ssa[fwd_op_idx]
+        inputs = self.blob_names[fwd_op_idx][0]
+        grad_names = [(grad_op.input[:], grad_op.output[:]) for grad_op in gradient_ops]
         locally_generated: set[str] = set()
-        for grad_op in gradient_ops:
-            for name in grad_op.input:
-                self.CheckGradientOperatorInput(name, g_output, fwd_op_idx, locally_generated)
-            locally_generated.update(grad_op.output)
-        found = grad_op_generators(entry.op, gradient_ops, g_input)
-        found += pass_through_generators(entry.op, g_input, locally_generated)
+        check = self.CheckGradientOperatorInput
+        for grad_inputs, grad_outputs in grad_names:
+            for name in grad_inputs:
+                check(name, g_output, fwd_op_idx, locally_generated)
+            locally_generated.update(grad_outputs)
+        found = grad_op_generators(entry.op, gradient_ops, g_input, inputs, grad_names)
+        found += pass_through_generators(entry.op, g_input, locally_generated, inputs)
+        generators, in_versions = self.gradient_generators, entry.in_versions
         for input_name, generator in found:
-            version = entry.in_versions[input_name]
-            self.gradient_generators[input_name][version].append(generator)
-        for input_name, grad in zip(entry.op.input, g_input):
+            generators[input_name][in_versions[input_name]].append(generator)
+        for input_name, grad in zip(inputs, g_input):
             if grad is not None:
-                self.gradient_frontier[input_name] = entry.in_versions[input_name]
+                self.gradient_frontier[input_name] = in_versions[input_name]
 
     def DoGradientAccumulation(self, fwd_op_idx: int
                                ) -> tuple[list[caffe2_pb2.OperatorDef], GradMap]:
@@ -176,7 +180,7 @@ class IR(SSA):
         entry = self.ssa[fwd_op_idx]
         sum_ops: list[caffe2_pb2.OperatorDef] = []
         summed: GradMap = {}
-        for name in dict.fromkeys(entry.op.input):
+        for name in dict.fromkeys(self.blob_names[fwd_op_idx][0]):
             version = entry.in_versions[name]
             usages = self.input_usages[name][version]
             if len(usages) <= 1 or usages[0] != fwd_op_idx:

@@ -35,8 +35,8 @@ PythonMaker = Callable[[caffe2_pb2.OperatorDef, list[GradValue]], tuple[Any, Any
 
 def normalize_gradient(value: Any) -> GradValue:
     """A gradient as plain strings: None, ``"x_grad"`` or GradientSlice of two strings."""
-    if value is None:
-        return None
+    if value is None or type(value) is str:
+        return value
     if isinstance(value, GradientSlice) or (isinstance(value, tuple) and len(value) == 2):
         return GradientSlice(str(value[0]), str(value[1]))
     if isinstance(value, (str, BlobReference)):

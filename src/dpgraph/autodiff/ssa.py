@@ -31,7 +31,10 @@ class OpSSA:
 def gradient_index(g_output: Sequence[GradValue], name: str) -> int | None:
     """The output whose (dense or sparse) gradient is called ``name``, if any."""
     for index, grad in enumerate(g_output):
-        if isinstance(grad, GradientSlice):
+        if type(grad) is str:  # the common case first
+            if grad == name:
+                return index
+        elif isinstance(grad, GradientSlice):
             if name in (str(grad.indices), str(grad.values)):
                 return index
         elif grad is not None and str(grad) == name:
@@ -63,6 +66,8 @@ class SSA:
             defaultdict(list))
         self.in_version_history: defaultdict[str, list[tuple[caffe2_pb2.OperatorDef, int]]] = (
             defaultdict(list))
+        #: each op's input and output names, read once (protobuf fields are slow to read)
+        self.blob_names: list[tuple[list[str], list[str]]] = []
         operators = list(operators)
         for op in operators:
             self.Play(op)
@@ -70,18 +75,23 @@ class SSA:
 
     def Play(self, op: caffe2_pb2.OperatorDef) -> None:
         """Record ``op``: it reads the current versions and bumps those it writes."""
+        inputs, outputs = op.input[:], op.output[:]
+        index, frontier = len(self.ssa), self.frontier
+        usages, in_history = self.input_usages, self.in_version_history
         in_versions: dict[str, int] = {}
-        for name in op.input:
-            version = self.frontier.setdefault(name, 0)
+        for name in inputs:
+            version = frontier.setdefault(name, 0)
             in_versions[name] = version
-            self.input_usages[name][version].append(len(self.ssa))
-            self.in_version_history[name].append((op, version))
+            usages[name][version].append(index)
+            in_history[name].append((op, version))
+        out_history = self.out_version_history
         out_versions: dict[str, int] = {}
-        for name in op.output:
-            version = self.frontier[name] + 1 if name in self.frontier else 0
-            self.frontier[name] = out_versions[name] = version
-            self.out_version_history[name].append((op, version))
+        for name in outputs:
+            version = frontier[name] + 1 if name in frontier else 0
+            frontier[name] = out_versions[name] = version
+            out_history[name].append((op, version))
         self.ssa.append(OpSSA(op, in_versions, out_versions))
+        self.blob_names.append((inputs, outputs))
 
     def SanityCheck(self, operators: Iterable[caffe2_pb2.OperatorDef]) -> None:
         """A StopGradient whose output nobody reads is almost certainly a mistake."""
@@ -112,7 +122,7 @@ class SSA:
         entry = self.ssa[fwd_op_idx]
         index = gradient_index(g_output, grad_op_input)
         if index is not None:
-            output = entry.op.output[index]
+            output = self.blob_names[fwd_op_idx][1][index]
             current = self.gradient_frontier.get(output)
             if current != entry.out_versions[output]:
                 raise GradientError(
