@@ -51,6 +51,17 @@ def test_normalize_is_exact_per_channel(mean: tuple[float, ...], std: tuple[floa
     np.testing.assert_array_equal(image.normalize(pixels, params, strided), expected)
 
 
+def test_normalize_in_row_blocks_matches_one_pass() -> None:
+    params = image.ImageParams(crop=300, scale=300, mean=(104.0, 117.0, 123.0),
+                               std=(57.0, 58.0, 59.0))
+    pixels = np.random.default_rng(2).integers(0, 256, (301, 300, 3), dtype=np.uint8)
+    expected = ((pixels.astype(np.float32) - np.array(params.mean, np.float32))
+                * (np.float32(1) / np.array(params.std, np.float32)))
+    assert expected.nbytes > 3 * image._BLOCK_BYTES  # several blocks, the last one shorter
+    np.testing.assert_array_equal(image.normalize(pixels, params), expected)
+    np.testing.assert_array_equal(image.normalize(pixels.astype(np.float32), params), expected)
+
+
 def test_row_draws_follow_the_seed_and_spill_over() -> None:
     from dpgraph.ops.image_input import _UNIFORMS, _row_draws
 

@@ -235,40 +235,61 @@ def _lighting(values: np.ndarray, params: ImageParams, rng: Draws
     return values + delta_rgb[::-1].astype(np.float32)
 
 
+#: Rows of float32 output normalised together: the cast and the two in-place passes over a
+#: block of about this size stay in a core's L2 cache.
+_BLOCK_BYTES = 320 * 1024
+#: Per-channel constants are tiled over up to this many rows, so numpy's inner loops run
+#: over several rows at a time (one call per 224-pixel row costs ~40% of the pass).
+_GROUP = 8
+
+
 def normalize(pixels: np.ndarray, params: ImageParams,
               out: np.ndarray | None = None) -> np.ndarray:
     """Step 9 on HWC uint8 or float pixels: float32 ``(v - mean[c]) * (1/std[c])``, written
     into ``out`` when given (a row of the batch, so no extra copy).
 
     uint8 pixels are first cast into ``out`` (numpy's fast contiguous cast), then the
-    subtraction and the scaling run in place over whole rows (mean and scale tiled along
-    the row), so every pass is a long contiguous float32 loop."""
+    subtraction and the scaling run in place, a block of rows at a time, with scalar
+    constants when every channel has the same mean and std (one long contiguous loop) and
+    per-channel constants tiled along several rows otherwise."""
     if out is None:
         out = np.empty(pixels.shape, dtype=np.float32)
-    mean, scale = _row_constants(params.mean, params.std, pixels.shape[-1], pixels.shape[-2])
     if not out.flags.c_contiguous:  # a caller's strided view: broadcast per channel
-        mean, scale = mean[:pixels.shape[-1]], scale[:pixels.shape[-1]]
+        mean, scale = _constants(params.mean, params.std, pixels.shape[-1], pixels.shape[-1])
         np.subtract(pixels, mean, out=out, dtype=np.float32)
         np.multiply(out, scale, out=out)
         return out
-    flat = out.reshape(out.shape[0], -1)
+    rows = out.shape[0]
+    blocks = max(1, -(-out.nbytes // _BLOCK_BYTES))
+    step = -(-max(1, -(-rows // blocks)) // _GROUP) * _GROUP  # multiple of _GROUP rows
+    for start in range(0, rows, step):
+        _normalize_rows(pixels[start:start + step], out[start:start + step], params)
+    return out
+
+
+def _normalize_rows(pixels: np.ndarray, out: np.ndarray, params: ImageParams) -> None:
+    rows = out.shape[0]
+    group = next(g for g in (_GROUP, 4, 2, 1) if rows % g == 0)
+    flat = out.reshape(rows // group, -1)
+    mean, scale = _constants(params.mean, params.std, out.shape[-1], flat.shape[1])
     if pixels.dtype == np.uint8:
         np.copyto(out, pixels, casting="unsafe")
         np.subtract(flat, mean, out=flat)
     else:
         np.subtract(pixels.reshape(flat.shape), mean, out=flat, dtype=np.float32)
     np.multiply(flat, scale, out=flat)
-    return out
 
 
 @functools.lru_cache(maxsize=64)
-def _row_constants(mean: tuple[float, ...], std: tuple[float, ...], channels: int,
-                   width: int) -> tuple[np.ndarray, np.ndarray]:
-    """float32 ``mean[c]`` and ``1/std[c]`` tiled along one row of ``width`` pixels
-    (read-only: the cached arrays are shared by every decode thread)."""
+def _constants(mean: tuple[float, ...], std: tuple[float, ...], channels: int,
+               length: int) -> tuple[Any, Any]:
+    """float32 ``mean[c]`` and ``1/std[c]``: scalars when all channels agree, else tiled
+    over ``length`` interleaved values (read-only: shared by every decode thread)."""
     means = np.array(mean[:channels], dtype=np.float32)
     scales = np.float32(1.0) / np.array(std[:channels], dtype=np.float32)
-    rows = np.tile(means, width), np.tile(scales, width)
+    if (means == means[0]).all() and (scales == scales[0]).all():
+        return means[0], scales[0]
+    rows = np.tile(means, length // channels), np.tile(scales, length // channels)
     for row in rows:
         row.flags.writeable = False
     return rows
