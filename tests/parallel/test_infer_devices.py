@@ -6,7 +6,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from dpgraph.parallel.grouping import _map_ops
+import pytest
+
+from dpgraph.errors import ParallelizeError
+from dpgraph.ir.blob import BlobReference
+from dpgraph.parallel.config import make_config
+from dpgraph.parallel.grouping import _map_ops, group_by_device
+from dpgraph.parallel.state import ParallelState
 from dpgraph.proto import caffe2_pb2
 
 
@@ -59,3 +65,37 @@ def test_first_op_wins_in_order_with_iter_and_step_nets() -> None:
     assert got["w_grad"].device_id == 4 and got["h"].device_id == 3
     assert list(got).index("h_next_grad") < list(got).index("h")  # last step net first
     assert got["z"].device_id == 6 and got["it"].device_id == 1
+
+
+def _grouped_by_reference(blobs: list[Any], prefix: str) -> dict[str, dict[int, Any]]:
+    """Caffe2's ``_GroupByDevice`` for BlobReferences, spelled out."""
+    grouped: dict[str, dict[int, Any]] = {}
+    for blob in blobs:
+        name = str(blob)
+        head = name.split("/", 1)[0] if "/" in name else ""
+        if not head.startswith(prefix + "_"):
+            raise ParallelizeError("expected to have name scope")
+        grouped.setdefault(name[name.find("/") + 1:], {})[int(head[len(prefix) + 1:])] = blob
+    return grouped
+
+
+@pytest.mark.parametrize("names", [
+    ["cpu_0/w", "cpu_1/w", "cpu_1/b", "cpu_0/b"], ["cpu_01/w", "cpu_ 2/w", "cpu_+3/a/b"],
+    ["cpu_0/a/b/c", "cpu_12/a/b/c"], ["gpu_0/w"], ["w"], ["cpu_x/w"], ["cpu_/w"],
+    ["cpu_٣/w"],
+])
+def test_group_by_device_reads_device_and_name_from_the_first_scope(names: list[str]) -> None:
+    config = make_config(devices=[0, 1], cpu_device=True, input_builder_fun=lambda m: None,
+                         forward_pass_builder_fun=lambda m, s: [])
+    state = ParallelState(model=None, config=config)
+    blobs = [BlobReference(n) for n in names]
+    try:
+        expected: Any = _grouped_by_reference(blobs, "cpu")
+    except (ParallelizeError, ValueError):
+        with pytest.raises(ParallelizeError):
+            group_by_device(state, blobs, [])
+        return
+    got = group_by_device(state, blobs, [])
+    assert list(got) == list(expected)
+    assert {k: list(v.items()) for k, v in got.items()} == \
+        {k: list(v.items()) for k, v in expected.items()}

@@ -54,8 +54,17 @@ def group_by_device(state: ParallelState, blobs: Sequence[Any],
     are not data parallel.
     """
     prefix = state.config.device_prefix
+    scoped = prefix + "_"
     grouped: OrderedDict[str, dict[int, Any]] = OrderedDict()
     for blob in list(blobs)[len(non_data_blobs):]:
+        if type(blob) is BlobReference:  # the common case, read in one go
+            name = blob._name
+            cut = name.find(_SEP)
+            head = name[:cut] if cut >= 0 else ""
+            device_text = head[len(scoped):]
+            if head.startswith(scoped) and device_text.isdigit() and device_text.isascii():
+                grouped.setdefault(name[cut + 1:], {})[int(device_text)] = blob
+                continue
         if isinstance(blob, GradientSlice):
             device = _device_of(blob.indices, prefix, "Gradient indices")
             if _device_of(blob.values, prefix, "Gradient values") != device:
