@@ -117,7 +117,7 @@ def _plain_labels(ctx: OpContext, x: Any, label: Any, num_inputs: int) -> Any:
             label.size != x.shape[0]:
         return None
     flat = label.reshape(-1)
-    if int(flat.min()) < 0 or int(flat.max()) >= x.shape[1]:
+    if int(np.minimum.reduce(flat)) < 0 or int(np.maximum.reduce(flat)) >= x.shape[1]:
         return None
     return flat
 
@@ -127,15 +127,16 @@ def _plain_softmax_with_loss(ctx: OpContext, x: Any, labels: Any) -> Outputs:
     (softmax, log-softmax, the row losses and their sum) with fewer temporaries, and the
     label entries read directly, which gives the one-hot product's values where every
     log-probability is finite (else the general path runs)."""
-    shifted = x - x.max(axis=1, keepdims=True)
+    # ufunc reductions called directly: the values of x.max/p.sum without their wrappers
+    shifted = x - np.maximum.reduce(x, axis=1, keepdims=True)
     p = np.exp(shifted)
-    total = p.sum(axis=1, keepdims=True)
+    total = np.add.reduce(p, axis=1, keepdims=True)
     p /= total
     np.subtract(shifted, np.log(total), out=shifted)  # the log-softmax
-    if not shifted.min() > -np.inf:  # a -inf or NaN log-probability: one-hot semantics
-        return None
+    if not np.minimum.reduce(shifted, axis=None) > -np.inf:
+        return None  # a -inf or NaN log-probability: the one-hot product's semantics
     per_row = -shifted[np.arange(x.shape[0]), labels]
-    loss = per_row.sum() * ctx.float_arg("scale", 1.0) / float(x.shape[0])
+    loss = np.add.reduce(per_row) * ctx.float_arg("scale", 1.0) / float(x.shape[0])
     return p, np.asarray(loss, dtype=x.dtype)
 
 

@@ -199,7 +199,7 @@ class OpInstance:
 
     def _run(self, blobs: Blobs, placement: Placement) -> None:
         try:
-            values = [blobs[n] for n in self.inputs]
+            values = list(map(blobs.__getitem__, self.inputs))
         except KeyError:
             raise self._missing(blobs, placement) from None
         key, cross, names = self.key, self.cross, self.inputs
@@ -236,6 +236,11 @@ class OpInstance:
             raise failure from failure.__cause__
         finally:
             ctx.inputs = []
+        if self.n_out == 1 and self.placement_fn is None and type(outs[0]) is _ndarray:
+            name = self.outputs[0]  # the usual single array output, stored right here
+            blobs[name] = outs[0]
+            placement[name] = key
+            return
         self._store(blobs, placement, values, outs)
 
     def _store(self, blobs: Blobs, placement: Placement, values: list[Any],
