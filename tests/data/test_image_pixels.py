@@ -80,3 +80,26 @@ def test_row_draws_follow_the_seed_and_spill_over() -> None:
     assert all(2 <= draws.integers(2, 5) < 5 for _ in range(200))
     assert sorted(draws.permutation(6)) == list(range(6))
     assert 0.0 <= draws.uniform(0.25, 0.5) < 0.5
+
+
+def test_gpu_transform_per_channel_float_is_exact(tmp_path) -> None:
+    from _records import image_record, jpeg_bytes, write_lmdb
+
+    from dpgraph import core, workspace
+    from dpgraph.proto import caffe2_pb2
+
+    rgb = _rgb(20, 20)
+    write_lmdb(tmp_path / "db", [image_record(jpeg_bytes(rgb, "PNG"), 3)])
+    workspace.SetVirtualGpus(1)
+    workspace.RunOperatorOnce(core.CreateOperator("CreateDB", [], ["reader"],
+                                                  db=str(tmp_path / "db"), db_type="lmdb"))
+    mean, std = [104.0, 117.0, 123.5], [57.0, 58.5, 59.0]
+    workspace.RunOperatorOnce(core.CreateOperator(
+        "ImageInput", ["reader"], ["d", "l"], batch_size=2, scale=20, crop=20, is_test=1,
+        use_gpu_transform=1, mean_per_channel=mean, std_per_channel=std,
+        device_option=core.DeviceOption(caffe2_pb2.CUDA, 0)))
+    data = workspace.FetchBlob("d")
+    expected = ((rgb[:, :, ::-1].astype(np.float32) - np.array(mean, np.float32))
+                * (np.float32(1) / np.array(std, np.float32))).transpose(2, 0, 1)
+    assert data.shape == (2, 3, 20, 20) and data.dtype == np.float32
+    np.testing.assert_array_equal(data[1], expected)

@@ -333,10 +333,9 @@ def _produce(reader: DBReader, cfg: _Config, batch_seed: int) -> list[np.ndarray
 
 def _gpu_transform(data: np.ndarray, cfg: _Config) -> np.ndarray:
     """The GPU path's normalisation of uint8 NHWC crops: NCHW, FLOAT or FLOAT16."""
-    channels = data.shape[-1]
-    mean = np.asarray(cfg.params.mean[:channels], dtype=np.float32)
-    scale = 1.0 / np.asarray(cfg.params.std[:channels], dtype=np.float32)
-    out = ((data.astype(np.float32) - mean) * scale).transpose(0, 3, 1, 2)
+    batch, crop, _, channels = data.shape
+    values = cfg.services.normalize(data.reshape(batch * crop, crop, channels), cfg.params)
+    out = values.reshape(data.shape).transpose(0, 3, 1, 2)
     return np.ascontiguousarray(out, dtype=np.float16 if cfg.output_float16 else np.float32)
 
 
