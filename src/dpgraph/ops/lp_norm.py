@@ -1,5 +1,6 @@
 """``LpNorm`` and its gradient (Caffe2's lpnorm_op): the L1 norm or the *squared* L2 norm
-of a whole tensor, a [1] float tensor; ``average`` divides by the element count.
+of a whole tensor, a [1] float tensor; ``average`` divides by the element count (an
+empty tensor then gives nan).
 
 Gradient clipping by norm takes ``Pow(LpNorm(g, p=2), exponent=0.5)`` for the L2 norm.
 """
@@ -34,8 +35,8 @@ def lp_norm(ctx: OpContext) -> Outputs:
     x = ctx.xp.asarray(ctx.inputs[0]).astype(np.float32, copy=False)
     p = _order(ctx)
     total = ctx.xp.abs(x).sum() if p == 1 else (x * x).sum()
-    if ctx.int_arg("average", 0) and x.size:
-        total = total / x.size
+    if ctx.int_arg("average", 0):  # an empty X averages to 0/0 = nan, as in Caffe2
+        total = total / x.size if x.size else np.float32(np.nan)
     return (ctx.xp.asarray(total, dtype=np.float32).reshape(1),)
 
 

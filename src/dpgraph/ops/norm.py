@@ -128,7 +128,9 @@ def spatial_bn_gradient(ctx: OpContext) -> Outputs:
     if ctx.int_arg("is_test", 0):
         rstd = 1.0 / ctx.xp.sqrt(rstd + ctx.float_arg("epsilon", 1e-5))
     x_hat = (x - mean.reshape(bshape)) * rstd.reshape(bshape)
-    if ctx.num_inputs == 7:
+    if ctx.num_inputs == 7 and x.shape[0] == 0:  # Caffe2: an empty batch: zero dscale, dbias
+        dscale = dbias = ctx.xp.zeros(c, dtype=x.dtype)
+    elif ctx.num_inputs == 7:
         batches = ctx.int_arg("num_batches", 1)
         dscale = _check_vec(ctx, 5, c) / batches
         dbias = _check_vec(ctx, 6, c) / batches
