@@ -45,3 +45,64 @@ def test_lp_pool_global_and_empty_batch() -> None:
     np.testing.assert_allclose(y[:, :, 0, 0], np.sqrt((x ** 2).sum(axis=(2, 3))), rtol=1e-5)
     (y,) = run_op(CreateOperator("LpPool", ["X"], ["Y"], kernel=2), [x[:0]])
     assert y.shape == (0, 2, 3, 3)
+
+
+def _im2col_reference(x: np.ndarray, k: int, s: int, d: int, pad: int) -> np.ndarray:
+    n, c, h, w = x.shape
+    xpad = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+    ext = d * (k - 1) + 1
+    oh, ow = (h + 2 * pad - ext) // s + 1, (w + 2 * pad - ext) // s + 1
+    cols = np.zeros((n, c, k, k, oh, ow), x.dtype)
+    for i in range(k):
+        for j in range(k):
+            cols[:, :, i, j] = xpad[:, :, i * d:i * d + s * (oh - 1) + 1:s,
+                                    j * d:j * d + s * (ow - 1) + 1:s]
+    return cols.reshape(n, c * k * k, oh, ow)
+
+
+def test_im2col_layouts_col2im_and_gradients() -> None:
+    x = RNG.standard_normal((2, 3, 7, 6)).astype(np.float32)
+    args = dict(kernel=3, stride=2, dilation=2, pad=1)
+    (cols,) = run_op(CreateOperator("Im2Col", ["X"], ["Y"], **args), [x])
+    ref = _im2col_reference(x, 3, 2, 2, 1)
+    np.testing.assert_array_equal(cols, ref)
+    nhwc = x.transpose(0, 2, 3, 1).copy()
+    (cols_nhwc,) = run_op(CreateOperator("Im2Col", ["X"], ["Y"], order="NHWC", **args), [nhwc])
+    n, _, oh, ow = ref.shape
+    np.testing.assert_array_equal(
+        cols_nhwc.reshape(n, oh, ow, 3, 3, 3).transpose(0, 5, 3, 4, 1, 2).reshape(ref.shape), ref)
+    # Col2Im is Im2Col's adjoint: <Im2Col(x), c> == <x, Col2Im(c)>
+    c = RNG.standard_normal(cols.shape).astype(np.float32)
+    (back,) = run_op(CreateOperator("Col2Im", ["C", "Z"], ["X"], **args), [c, x])
+    assert back.shape == x.shape
+    np.testing.assert_allclose((cols * c).sum(), (x * back).sum(), rtol=1e-4)
+    (back_nhwc,) = run_op(CreateOperator("Col2Im", ["C", "Z"], ["X"], order="NHWC", **args),
+                          [c.reshape(n, 3, 3, 3, oh, ow).transpose(0, 4, 5, 2, 3, 1).copy(),
+                           nhwc])
+    np.testing.assert_allclose(back_nhwc.transpose(0, 3, 1, 2), back, rtol=1e-5, atol=1e-6)
+    check_gradient(CreateOperator("Im2Col", ["X"], ["Y"], **args), [x])
+    check_gradient(CreateOperator("Col2Im", ["C", "Z"], ["X"], **args), [c, x],
+                   inputs_to_check=[0])
+
+
+def test_im2col_rejects_kernel_larger_than_image() -> None:
+    with pytest.raises(Exception, match="smaller than the dilated kernel"):
+        run_op(CreateOperator("Im2Col", ["X"], ["Y"], kernel=5, dilation=2),
+               [np.zeros((1, 1, 6, 6), np.float32)])
+
+
+@pytest.mark.parametrize("axis", [1, 2])
+def test_rms_norm_reference_and_gradients(axis: int) -> None:
+    x = RNG.standard_normal((3, 2, 4)) * 2.0 + 1.0
+    n = int(np.prod(x.shape[axis:]))
+    gamma, beta = RNG.standard_normal(n), RNG.standard_normal(n)
+    op = CreateOperator("RMSNorm", ["X", "gamma", "beta"], ["Y", "rrms"], eps=1e-3, axis=axis)
+    y, rrms = run_op(op, [x, gamma, beta])
+    xm = x.reshape(-1, n)
+    ref_r = 1.0 / np.sqrt((xm ** 2).mean(axis=1) + 1e-3)
+    np.testing.assert_allclose(rrms, ref_r.reshape(x.shape[:axis]), rtol=1e-7)
+    np.testing.assert_allclose(y, (xm * ref_r[:, None] * gamma + beta).reshape(x.shape),
+                               rtol=1e-7)
+    check_gradient(op, [x, gamma, beta], rtol=1e-3, atol=1e-5)
+    y, rrms = run_op(op, [x[:0], gamma, beta])
+    assert y.shape == (0, 2, 4) and rrms.shape == (0, 2, 4)[:axis]

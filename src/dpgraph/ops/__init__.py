@@ -15,7 +15,8 @@ _FAMILIES = (
     "segment_ids", "metrics", "row_ops", "dot_padding", "space_batch", "norm_mod", "checks_views",
     "feature_maps", "recsys", "ranking", "histogram",
     "quantize_rowwise", "quantized_lookup", "percentile", "quantize_random",
-    "lp_pool", "tt",
+    "lp_pool", "im2col", "tt", "crf_viterbi",
+    "rms_norm",
 )
 
 for _family in _FAMILIES:
