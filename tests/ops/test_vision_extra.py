@@ -106,3 +106,18 @@ def test_rms_norm_reference_and_gradients(axis: int) -> None:
     check_gradient(op, [x, gamma, beta], rtol=1e-3, atol=1e-5)
     y, rrms = run_op(op, [x[:0], gamma, beta])
     assert y.shape == (0, 2, 4) and rrms.shape == (0, 2, 4)[:axis]
+
+
+def test_rmac_regions_hand_computed_grid() -> None:
+    # H=2, W=4: step 2 (overlap gap 0.1) -> 3 regions of side 2 at scale 1, 4x2 of side 1
+    x = np.zeros((2, 1, 2, 4), np.float32)
+    (rois,) = run_op(CreateOperator("RMACRegions", ["X"], ["R"], scales=2, overlap=0.4), [x])
+    grid = [[0, 0, 1, 1], [1, 0, 2, 1], [2, 0, 3, 1]]
+    grid += [[i, j, i, j] for i in range(4) for j in range(2)]
+    expected = [[b] + g for b in (0, 1) for g in grid]
+    assert rois.dtype == np.float32 and rois.tolist() == expected
+    (empty,) = run_op(CreateOperator("RMACRegions", ["X"], ["R"]), [x[:0]])
+    assert empty.shape == (0, 5)
+    (square,) = run_op(CreateOperator("RMACRegions", ["X"], ["R"], scales=1),
+                       [np.zeros((1, 1, 3, 3), np.float32)])
+    assert square.tolist() == [[0, 0, 0, 2, 2]]
