@@ -63,20 +63,27 @@ def test_normalize_in_row_blocks_matches_one_pass() -> None:
 
 
 def test_row_draws_follow_the_seed_and_spill_over() -> None:
-    from dpgraph.ops.image_input import _UNIFORMS, _row_draws
+    from dpgraph.ops.image_input import _draws_per_image, _row_draws
 
-    first, again, other = _row_draws(3, 2), _row_draws(3, 2), _row_draws(4, 2)
+    params = image.ImageParams(crop=8, scale=8, mirror=True, color_jitter=True,
+                               color_lighting=True)
+    uniforms = _draws_per_image(params)[0]
+    assert _draws_per_image(params) == (8, 3)
+    assert _draws_per_image(image.ImageParams(crop=8, scale=8, is_test=True,
+                                              color_jitter=True)) == (3, 0)
+    first, again, other = (_row_draws(3, 2, params), _row_draws(3, 2, params),
+                           _row_draws(4, 2, params))
 
     def take(draws: object) -> list[float]:
-        values = [draws.random() for _ in range(_UNIFORMS + 5)]  # past the pre-drawn block
+        values = [draws.random() for _ in range(uniforms + 5)]  # past the pre-drawn block
         return values + [draws.integers(2, 5), *draws.permutation(4)] + \
-            list(draws.normal(1.0, 2.0, size=5))
+            list(draws.normal(1.0, 2.0, size=5))  # past the 3 pre-drawn normals
 
     rows = [take(d) for d in first]
     assert rows == [take(d) for d in again]
     assert rows != [take(d) for d in other] and rows[0] != rows[1]
-    assert all(0.0 <= v < 1.0 for v in rows[0][:_UNIFORMS + 5])
-    draws = _row_draws(5, 1)[0]
+    assert all(0.0 <= v < 1.0 for v in rows[0][:uniforms + 5])
+    draws = _row_draws(5, 1, params)[0]
     assert all(2 <= draws.integers(2, 5) < 5 for _ in range(200))
     assert sorted(draws.permutation(6)) == list(range(6))
     assert 0.0 <= draws.uniform(0.25, 0.5) < 0.5

@@ -149,16 +149,23 @@ def _parse(value: bytes, cfg: _Config, where: str) -> ImageRecord:
                                             where)
 
 
-#: Uniforms and normals pre-drawn per image; the pipeline needs at most 29 and 3 (ten
-#: failed inception-crop tries, a scale, the crop, the mirror, the jitter), more spill over.
-_UNIFORMS, _NORMALS = 32, 3
+def _draws_per_image(params: Any) -> tuple[int, int]:
+    """(uniforms, normals) one image can draw with these ImageInput arguments: the crop
+    offsets and the mirror, a random scale, up to ten inception-crop tries (two draws each,
+    two more for the offsets), the jitter order and factors, the lighting."""
+    training = not params.is_test
+    uniforms = 3 + (params.random_scale[0] > 0) + 22 * (params.scale_jitter_type == 1
+                                                        and training)
+    uniforms += 5 * (params.color_jitter and training)
+    return uniforms, 3 * (params.color_lighting and training)
 
 
 class _RowDraws:
     """One image's random numbers, with the ``numpy.random.Generator`` methods the pipeline
     calls: a block drawn for the whole batch from one Generator seeded by the batch seed
     (a Generator per image costs more than the crop), handed out in order.  A row that
-    runs out continues from a Generator seeded by (batch seed, row).  So the draws follow
+    runs out (a longer block than :func:`_draws_per_image` says) continues from a
+    Generator seeded by (batch seed, row).  So the draws follow
     the seed and do not depend on which decode thread takes the row."""
 
     __slots__ = ("_uniforms", "_normals", "_seed", "_row", "_spill")
@@ -197,10 +204,12 @@ class _RowDraws:
         return loc + scale * np.array(values)
 
 
-def _row_draws(seed: int, rows: int) -> list[_RowDraws]:
+def _row_draws(seed: int, rows: int, params: Any) -> list[_RowDraws]:
+    """Each row's pre-drawn block, sized for what these arguments can draw."""
+    counts = _draws_per_image(params)
     generator = np.random.default_rng(seed)
-    uniforms = generator.random((rows, _UNIFORMS)).tolist()
-    normals = generator.standard_normal((rows, _NORMALS)).tolist()
+    uniforms = generator.random((rows, counts[0])).tolist()
+    normals = generator.standard_normal((rows, counts[1])).tolist()
     return [_RowDraws(uniforms[row], normals[row], seed, row) for row in range(rows)]
 
 
@@ -255,7 +264,7 @@ def _decode_batch(values: list[bytes], keys: list[bytes], cfg: _Config, seed: in
     rows: queue.SimpleQueue[int] = queue.SimpleQueue()
     for row in range(cfg.batch_size):
         rows.put(row)
-    draws = _row_draws(seed, cfg.batch_size)
+    draws = _row_draws(seed, cfg.batch_size, cfg.params)
     threads = max(1, min(cfg.threads, cfg.batch_size))
     pool = cfg.services.decode_pool(threads) if threads > 1 else None
     futures = [pool.submit(_rows, rows, values, keys, cfg, draws, where, data)
