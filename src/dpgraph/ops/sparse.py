@@ -546,6 +546,10 @@ def _register_range(kind: str) -> None:
     def grad_kernel(ctx: OpContext) -> Outputs:
         dy, data, y, ids = (np.asarray(host(v)) for v in ctx.inputs)
         seg, _ = _range_segments(ctx, data, ids)
+        # As Caffe2: dDATA is shaped [N, *dY.shape[1:]]; DATA and Y are read in dY's blocks.
+        if dy.ndim and data.size == seg.size * int(np.prod(dy.shape[1:])) and \
+                y.size == dy.size:
+            data, y = data.reshape((seg.size, *dy.shape[1:])), y.reshape(dy.shape)
         grad = _range_gradient(kind, dy.astype(np.float64), data.astype(np.float64),
                                y.astype(np.float64), seg)
         return (grad.astype(dy.dtype),)
