@@ -121,3 +121,45 @@ def test_rmac_regions_hand_computed_grid() -> None:
     (square,) = run_op(CreateOperator("RMACRegions", ["X"], ["R"], scales=1),
                        [np.zeros((1, 1, 3, 3), np.float32)])
     assert square.tolist() == [[0, 0, 0, 2, 2]]
+
+
+def _roi_align(x: np.ndarray, rois_xyxy: np.ndarray, pooled: int) -> np.ndarray:
+    op = CreateOperator("RoIAlign", ["X", "R"], ["Y"], pooled_h=pooled, pooled_w=pooled,
+                        sampling_ratio=0)
+    return run_op(op, [x, rois_xyxy])[0]
+
+
+def test_roi_align_rotated_matches_roi_align_at_zero_and_right_angles() -> None:
+    x = RNG.standard_normal((2, 2, 12, 10)).astype(np.float32)
+    rois = np.array([[0, 5.0, 6.0, 4.0, 3.0, 0.0], [1, 4.5, 5.5, 3.0, 5.0, 0.0]], np.float32)
+    op = CreateOperator("RoIAlignRotated", ["X", "R"], ["Y"], pooled_h=3, pooled_w=3,
+                        sampling_ratio=0)
+    (y,) = run_op(op, [x, rois])
+    xyxy = rois[:, :5].copy()
+    xyxy[:, 1:3] -= rois[:, 3:5] / 2
+    xyxy[:, 3:5] = xyxy[:, 1:3] + rois[:, 3:5]
+    np.testing.assert_allclose(y, _roi_align(x, xyxy, 3), rtol=1e-5, atol=1e-5)
+    # 180 degrees: the box turned half way samples the point-mirrored map, bins reversed
+    h, w = x.shape[2:]
+    turned = rois.copy()
+    turned[:, 5] = 180.0
+    (y180,) = run_op(op, [x, turned])
+    mirrored = x[:, :, ::-1, ::-1].copy()
+    moved = xyxy.copy()
+    moved[:, 1], moved[:, 3] = w - 1 - xyxy[:, 3], w - 1 - xyxy[:, 1]
+    moved[:, 2], moved[:, 4] = h - 1 - xyxy[:, 4], h - 1 - xyxy[:, 2]
+    np.testing.assert_allclose(y180, _roi_align(mirrored, moved, 3), rtol=1e-4, atol=1e-4)
+
+
+def test_roi_align_rotated_nhwc_empty_and_gradient() -> None:
+    x = RNG.standard_normal((1, 2, 6, 7)).astype(np.float32)
+    rois = np.array([[0, 3.0, 2.5, 3.0, 2.0, 30.0], [0, 2.0, 3.0, 2.5, 2.5, -60.0]], np.float32)
+    args = dict(pooled_h=2, pooled_w=2, sampling_ratio=2, spatial_scale=1.0)
+    op = CreateOperator("RoIAlignRotated", ["X", "R"], ["Y"], **args)
+    (y,) = run_op(op, [x, rois])
+    (y_nhwc,) = run_op(CreateOperator("RoIAlignRotated", ["X", "R"], ["Y"], order="NHWC",
+                                      **args), [x.transpose(0, 2, 3, 1).copy(), rois])
+    np.testing.assert_allclose(y_nhwc.transpose(0, 3, 1, 2), y, rtol=1e-6)
+    (empty,) = run_op(op, [x, np.zeros((0, 6), np.float32)])
+    assert empty.shape == (0, 2, 2, 2)
+    check_gradient(op, [x, rois], inputs_to_check=[0])
