@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+from typing import Any
 
 import pytest
 from _parallel_helpers import build, manual_sgd, mlp_forward
@@ -159,3 +160,28 @@ def test_collector_left_off_when_the_program_turned_it_off() -> None:
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def _traced_build(name: str, shared: bool, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    from dpgraph import optimizer
+    from dpgraph.ir import net as net_module
+
+    if not shared:  # every stack walked to the outermost frame
+        monkeypatch.setattr(net_module.shared_creation_stack, "__enter__",
+                            lambda self: setattr(self, "_frame", None))
+    model = model_helper.ModelHelper(name=name)
+    data_parallel_model.Parallelize(
+        model, lambda m: None, mlp_forward, devices=[0, 1, 2], cpu_device=True,
+        optimizer_builder_fun=lambda m: optimizer.build_sgd(m, 0.1, momentum=0.9))
+    monkeypatch.undo()
+    return [net_module.operator_tracebacks[net.Name()] for net in
+            (model.net, model.param_init_net)]
+
+
+def test_shared_creation_stacks_equal_full_walks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Builder, backward and optimizer ops record the same stacks with the pass driver's and
+    the optimizer's shared roots as with full walks."""
+    runs = [_traced_build(f"traced_{shared}", shared, monkeypatch) for shared in (True, False)]
+    assert runs[0] == runs[1]
+    updates = runs[0][0]
+    assert updates and all(len(stack) > 8 for stack in updates.values())

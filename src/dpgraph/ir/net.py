@@ -699,14 +699,6 @@ def _site(frame: Any) -> tuple[str, int, str]:
     return known[0]
 
 
-def _entries(frame: Any) -> list[tuple[str, int, str]]:
-    result = []
-    while frame is not None:
-        result.append(_site(frame))
-        frame = frame.f_back
-    return result
-
-
 class shared_creation_stack:  # noqa: N801 (used like a function: ``with ...():``)
     """Within this block, ops record the creation stack of the frame running it without
     walking that frame's callers again for every op: their entries are read once, on
@@ -723,7 +715,7 @@ class shared_creation_stack:  # noqa: N801 (used like a function: ``with ...():`
             return
         self._frame = frame
         roots = _ROOTS.__dict__.setdefault("stack", [])
-        roots.append((frame, _entries(frame.f_back)))
+        roots.append((frame, _walk(frame.f_back)))  # (cheap when nested: stops at the root)
 
     def __exit__(self, *exc: Any) -> None:
         if self._frame is not None:
@@ -739,6 +731,11 @@ def _creation_stack() -> list[tuple[str, int, str]]:
     frame: Any = sys._getframe(2)
     while frame is not None and frame.f_code.co_filename == __file__:
         frame = frame.f_back
+    return _walk(frame)
+
+
+def _walk(frame: Any) -> list[tuple[str, int, str]]:
+    """The entries of ``frame`` and its callers, up to the innermost shared root."""
     roots = _ROOTS.__dict__.get("stack")
     root, above = roots[-1] if roots else (None, [])
     result: list[tuple[str, int, str]] = []

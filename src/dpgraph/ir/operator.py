@@ -59,7 +59,9 @@ def rectified_names(blobs: Any) -> list[str]:
         prefix = scope.CurrentNameScope()
         names = []
         for blob in blobs:
-            names.append(prefix + blob if type(blob) is str else _rectified_name(blob))
+            kind = type(blob)
+            names.append(prefix + blob if kind is str else blob._name
+                         if kind is BlobReference else _rectified_name(blob))
         return names
     if kind is BlobReference:
         return [blobs._name]

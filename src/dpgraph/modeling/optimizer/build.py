@@ -9,6 +9,7 @@ from dpgraph.ir import scope
 from dpgraph.ir.analysis import InferBlobDevices
 from dpgraph.ir.blob import GradientSlice
 from dpgraph.ir.device import CPU, DeviceOption
+from dpgraph.ir.net import shared_creation_stack
 from dpgraph.modeling.optimizer.adaptive import (
     AdagradOptimizer,
     AdamOptimizer,
@@ -118,13 +119,14 @@ def _build(model: Any, optimizer: Optimizer, weights_only: bool = False,
             lr_multiplier = model.net.Mul([lr_multiplier, lr_injection], "lr_multiplier",
                                           broadcast=1)
     optimizer.add_lr_multiplier(lr_multiplier)
-    for param_info in params:
-        device = get_param_device(str(param_info.blob), param_info.grad, param_to_device)
-        with scope.DeviceScope(device):
-            if param_info.optimizer and use_param_info_optim:
-                param_info.optimizer(model.net, model.param_init_net, param_info)
-            else:
-                optimizer(model.net, model.param_init_net, param_info)
+    with shared_creation_stack():  # the update ops' stacks share this frame's callers
+        for param_info in params:
+            device = get_param_device(str(param_info.blob), param_info.grad, param_to_device)
+            with scope.DeviceScope(device):
+                if param_info.optimizer and use_param_info_optim:
+                    param_info.optimizer(model.net, model.param_init_net, param_info)
+                else:
+                    optimizer(model.net, model.param_init_net, param_info)
     return optimizer
 
 
