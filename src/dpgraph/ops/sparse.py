@@ -741,6 +741,12 @@ def batch_bucket_one_hot(ctx: OpContext) -> Outputs:
     return (out,)
 
 
+# Caffe2's NO_GRADIENT (its NO_GRADIENT(BucketBatchOneHot) names no registered op, so
+# BatchBucketOneHot stays without a gradient maker there too).
+for _type in ("OneHot", "SegmentOneHot", "BatchOneHot"):
+    register_gradient(_type)(no_gradient)
+
+
 def _batch_positions(ctx: OpContext, lengths: Any, indices: Any, width: int) -> tuple:
     seg, lens = _segment_ids(ctx, lengths, np.size(indices))
     cols = _int_array(indices)
