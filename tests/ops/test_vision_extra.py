@@ -163,3 +163,37 @@ def test_roi_align_rotated_nhwc_empty_and_gradient() -> None:
     (empty,) = run_op(op, [x, np.zeros((0, 6), np.float32)])
     assert empty.shape == (0, 2, 2, 2)
     check_gradient(op, [x, rois], inputs_to_check=[0])
+
+
+def _bbox(rois: np.ndarray, deltas: np.ndarray, im_info: np.ndarray, **args) -> np.ndarray:
+    op = CreateOperator("BBoxTransform", ["R", "D", "I"], ["B"], **args)
+    return run_op(op, [rois, deltas, im_info])[0]
+
+
+def test_bbox_transform_rotated_deltas_angle_bound_and_clip() -> None:
+    rois = np.array([[0, 50.0, 40.0, 20.0, 10.0, 80.0], [0, 5.0, 5.0, 30.0, 20.0, 0.5]],
+                    np.float32)
+    deltas = np.array([[0.1, -0.2, np.log(2.0), 0.0, np.pi / 9],
+                       [0.0, 0.0, 0.0, 0.0, 0.0]], np.float32)
+    im_info = np.array([[100, 120, 1.0]], np.float32)
+    out = _bbox(rois, deltas, im_info, rotated=1, apply_scale=0, legacy_plus_one=1)
+    # box 0: centre moves by (0.1*20, -0.2*10), width doubles, 80 + 20 = 100 -> -80
+    np.testing.assert_allclose(out[0], [52.0, 38.0, 40.0, 10.0, -80.0], rtol=1e-5)
+    # box 1 is nearly upright (|0.5| <= 1): corners (-9.5, -4.5, 19.5, 14.5) clip at 0
+    np.testing.assert_allclose(out[1], [9.75, 7.25, 20.5, 15.5, 0.5], rtol=1e-5)
+    unbounded = _bbox(rois, deltas, im_info, rotated=1, angle_bound_on=0,
+                      clip_angle_thresh=0.1)
+    np.testing.assert_allclose(unbounded[:, 4], [100.0, 0.5], rtol=1e-5)
+    np.testing.assert_allclose(unbounded[1], rois[1, 1:], rtol=1e-6)  # not clipped
+    with pytest.raises(Exception, match="multiple of"):
+        _bbox(rois, deltas, im_info, rotated=1, angle_bound_lo=-90, angle_bound_hi=0)
+
+
+def test_bbox_transform_divides_by_scale_even_without_apply_scale() -> None:
+    rois = np.array([[0, 10, 20, 30, 40]], np.float32)
+    im_info = np.array([[100, 100, 2.0]], np.float32)
+    zero = np.zeros((1, 4), np.float32)
+    kept = _bbox(rois, zero, im_info, legacy_plus_one=1)
+    np.testing.assert_allclose(kept, [[10, 20, 30, 40]], atol=1e-4)
+    unscaled = _bbox(rois, zero, im_info, legacy_plus_one=1, apply_scale=0)
+    np.testing.assert_allclose(unscaled, [[5, 10, 15, 20]], atol=1e-4)

@@ -250,33 +250,110 @@ def _upright_transform(boxes: np.ndarray, deltas: np.ndarray, weights: list[floa
     return out
 
 
-@register_op("BBoxTransform", inputs=3, outputs=(1, 2))
-def bbox_transform(ctx: OpContext) -> Outputs:
-    """[rois (R×4 or R×5 with batch index), deltas (R×4K), im_info (B×3: h, w, scale)] ->
-    [boxes (R×4K) clipped to the image(, roi_batch_splits (B))]."""
-    if ctx.int_arg("rotated", 0):
-        raise NotSupportedError(ctx.describe("rotated boxes are not supported"))
-    rois, deltas, im_info = (host(v).astype(np.float32) for v in ctx.inputs)
-    if rois.ndim != 2 or rois.shape[1] not in (4, 5) or deltas.shape[0] != rois.shape[0]:
-        raise ctx.fail(f"rois {rois.shape} must be R×4 or R×5 matching deltas {deltas.shape}")
+def _rotated_transform(boxes: np.ndarray, deltas: np.ndarray, weights: list[float],
+                       bound: tuple[int, int] | None) -> np.ndarray:
+    """Apply (dx, dy, dw, dh, da) deltas (R × 5K, da in radians) to rotated boxes
+    (R × 5: ctr_x, ctr_y, w, h, angle°); angles outside ``bound`` move by one period."""
+    f32 = np.float32
+    ctr_x, ctr_y = boxes[:, 0:1], boxes[:, 1:2]
+    widths, heights, angles = boxes[:, 2:3], boxes[:, 3:4], boxes[:, 4:5]
+    clip = f32(math.log(1000.0 / 16.0))
+    out = np.empty_like(deltas)
+    out[:, 0::5] = deltas[:, 0::5] / f32(weights[0]) * widths + ctr_x
+    out[:, 1::5] = deltas[:, 1::5] / f32(weights[1]) * heights + ctr_y
+    out[:, 2::5] = np.exp(np.minimum(deltas[:, 2::5] / f32(weights[2]), clip)) * widths
+    out[:, 3::5] = np.exp(np.minimum(deltas[:, 3::5] / f32(weights[3]), clip)) * heights
+    angle = deltas[:, 4::5] * f32(180.0) / f32(math.pi) + angles
+    if bound is not None:
+        low, high = bound
+        period = f32(high - low)
+        angle = np.where(angle < low, angle + period,
+                         np.where(angle > high, angle - period, angle))
+    out[:, 4::5] = angle
+    return out
+
+
+def _clip_rotated(boxes: np.ndarray, img_h: np.ndarray, img_w: np.ndarray,
+                  angle_thresh: float, minus_one: float) -> np.ndarray:
+    """Clip the nearly upright boxes (|angle| <= angle_thresh) of R × 5K rotated boxes to
+    the image, through their corner form; the others are left unchanged."""
+    out = boxes.copy()
+    f32 = np.float32
+    off, half = f32(minus_one), f32(0.5)
+    for k in range(boxes.shape[1] // 5):
+        cols = boxes[:, 5 * k:5 * k + 5]
+        upright = np.abs(cols[:, 4]) <= angle_thresh
+        w_lim, h_lim = img_w - off, img_h - off
+        x1 = np.clip(cols[:, 0] - (cols[:, 2] - off) * half, 0, w_lim)
+        y1 = np.clip(cols[:, 1] - (cols[:, 3] - off) * half, 0, h_lim)
+        x2 = np.clip(cols[:, 0] + (cols[:, 2] - off) * half, 0, w_lim)
+        y2 = np.clip(cols[:, 1] + (cols[:, 3] - off) * half, 0, h_lim)
+        clipped = np.stack([(x1 + x2) * half, (y1 + y2) * half, x2 - x1 + off,
+                            y2 - y1 + off], axis=1).astype(np.float32)
+        out[upright, 5 * k:5 * k + 4] = clipped[upright]
+    return out
+
+
+def _bbox_args(ctx: OpContext, rotated: bool) -> tuple[list[float], float,
+                                                      tuple[int, int] | None]:
+    """(weights, minus_one, angle bound or None) from BBoxTransform's arguments."""
     weights = ctx.floats_arg("weights", [1.0, 1.0, 1.0, 1.0])
-    apply_scale = bool(ctx.int_arg("apply_scale", 1))
+    if len(weights) != 4:
+        raise ctx.fail(f"weights must have 4 values, got {weights}")
     if ctx.has_arg("legacy_plus_one"):
         minus_one = float(ctx.int_arg("legacy_plus_one", 1))
     else:
         minus_one = float(ctx.int_arg("correct_transform_coords", 0))
-    batch = (rois[:, 0].astype(np.int64) if rois.shape[1] == 5
+    bound = None
+    if rotated and ctx.int_arg("angle_bound_on", 1):
+        bound = (ctx.int_arg("angle_bound_lo", -90), ctx.int_arg("angle_bound_hi", 90))
+        period = bound[1] - bound[0]
+        if period <= 0 or period % 180:
+            raise ctx.fail(f"angle_bound_hi - angle_bound_lo must be a positive multiple of "
+                           f"180, got {period}")
+    return weights, minus_one, bound
+
+
+@register_op("BBoxTransform", inputs=3, outputs=(1, 2))
+def bbox_transform(ctx: OpContext) -> Outputs:
+    """[rois (R×4 or R×5 with batch index; rotated: R×5 or R×6), deltas (R×4K; rotated
+    R×5K), im_info (B×3: h, w, scale)] -> [boxes clipped to the image(, roi_batch_splits
+    (B))].  Boxes are divided by the image scale first and multiplied back only with
+    ``apply_scale``; rotated boxes (ctr_x, ctr_y, w, h, angle°) take ``angle_bound_on``,
+    ``angle_bound_lo``/``hi`` and ``clip_angle_thresh``."""
+    rotated = bool(ctx.int_arg("rotated", 0))
+    dim = 5 if rotated else 4
+    rois, deltas, im_info = (host(v).astype(np.float32) for v in ctx.inputs)
+    if (rois.ndim != 2 or rois.shape[1] not in (dim, dim + 1) or deltas.ndim != 2
+            or deltas.shape[0] != rois.shape[0] or deltas.shape[1] % dim):
+        raise ctx.fail(f"rois {rois.shape} must be R×{dim} or R×{dim + 1} matching deltas "
+                       f"{deltas.shape} (R×{dim}K)")
+    if im_info.ndim != 2 or im_info.shape[1] != 3:
+        raise ctx.fail(f"im_info must be B×3 (height, width, scale), got {im_info.shape}")
+    weights, minus_one, bound = _bbox_args(ctx, rotated)
+    batch = (rois[:, 0].astype(np.int64) if rois.shape[1] == dim + 1
              else np.zeros(rois.shape[0], np.int64))
-    boxes = rois[:, -4:]
-    scale = im_info[batch, 2] if apply_scale else np.ones(rois.shape[0], np.float32)
-    out = _upright_transform(boxes / scale[:, None], deltas, weights, minus_one)
+    if batch.size and (batch.min() < 0 or batch.max() >= im_info.shape[0]):
+        raise ctx.fail(f"RoI batch indices must lie in [0, {im_info.shape[0]})")
+    boxes = rois[:, -dim:].copy()
+    scale = im_info[batch, 2]
+    after = scale if ctx.int_arg("apply_scale", 1) else np.ones_like(scale)
+    boxes[:, :4] /= scale[:, None]
     img_h = np.floor(im_info[batch, 0] / scale + 0.5)
     img_w = np.floor(im_info[batch, 1] / scale + 0.5)
-    for axis, limit in ((0, img_w), (1, img_h), (2, img_w), (3, img_h)):
-        out[:, axis::4] = np.clip(out[:, axis::4], 0, (limit - 1.0)[:, None])
-    out = (out * scale[:, None]).astype(np.float32)
+    if rotated:
+        out = _rotated_transform(boxes, deltas, weights, bound)
+        out = _clip_rotated(out, img_h, img_w,
+                            ctx.float_arg("clip_angle_thresh", 1.0), minus_one)
+        for axis in range(4):
+            out[:, axis::5] *= after[:, None]
+    else:
+        out = _upright_transform(boxes, deltas, weights, minus_one)
+        for axis, limit in ((0, img_w), (1, img_h), (2, img_w), (3, img_h)):
+            out[:, axis::4] = np.clip(out[:, axis::4], 0, (limit - minus_one)[:, None])
+        out = out * after[:, None]
     splits = np.bincount(batch, minlength=im_info.shape[0]).astype(np.float32)
-    return [out, splits][:ctx.num_outputs]
+    return [out.astype(np.float32), splits][:ctx.num_outputs]
 
 
 # --- BoxWithNMSLimit -------------------------------------------------------------------------
