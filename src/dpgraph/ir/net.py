@@ -297,24 +297,26 @@ class Net:
             self._op_outputs.update(op.output)
         return op
 
-    def append_op(self, fill: Callable[[caffe2_pb2.OperatorDef], None],
-                  inputs: Sequence[str], outputs: Sequence[str]) -> caffe2_pb2.OperatorDef:
-        """Append an op that ``fill`` writes in place (no copy, nothing read back from the
-        proto); ``inputs`` and ``outputs`` are the names it writes.  As for
+    def append_op(self, fill: Callable[..., None], inputs: Sequence[str],
+                  outputs: Sequence[str], *fill_args: Any) -> caffe2_pb2.OperatorDef:
+        """Append an op that ``fill(op, *fill_args)`` writes in place (no copy, nothing read
+        back from the proto); ``inputs`` and ``outputs`` are the names it writes.  As for
         ``extend_ops`` after declaring each undefined input external (in order, once),
         and atomic: if ``fill`` raises, the op is removed and nothing has changed."""
         self._lookup()  # fresh tables now: the new op's outputs are not in them yet
         ops = self._net.op
         op = ops.add()
         try:
-            fill(op)
+            fill(op, *fill_args)
         except BaseException:
             del ops[-1]
             raise
         defined, external = self._op_outputs, self._external_input_map
-        new = [n for n in inputs if n not in defined and n not in external]
+        new: list[str] = []
+        for name in inputs:
+            if name not in defined and name not in external and name not in new:
+                new.append(name)
         if new:
-            new = list(dict.fromkeys(new))
             self._net.external_input.extend(new)
             external.update(new)
         defined.update(outputs)

@@ -55,22 +55,27 @@ def emit_op(
     NetDef (no standalone op, no copy); the same bytes, external inputs and errors."""
     input_names = [str(b) for b in inputs]
     output_names = [str(b) for b in outputs]
+    return net.append_op(_fill, input_names, output_names, op_type, name, input_names,
+                         output_names, control_input, device, engine, args)
 
-    def fill(op: caffe2_pb2.OperatorDef) -> None:
-        op.type = op_type
-        op.name = name
-        op.input.extend(input_names)
-        op.output.extend(output_names)
-        if control_input:
-            op.control_input.extend([str(b) for b in control_input])
-        if device is not None:
-            op.device_option.MergeFrom(device)
-        if engine is not None:
-            op.engine = engine
-        if args:
-            op.arg.extend([MakeArgument(k, v) for k, v in args.items() if v is not None])
 
-    return net.append_op(fill, input_names, output_names)
+def _fill(op: caffe2_pb2.OperatorDef, op_type: str, name: str, inputs: list[str],
+          outputs: list[str], control_input: Iterable[Any] | None,
+          device: caffe2_pb2.DeviceOption | None, engine: str | None,
+          args: dict[str, Any]) -> None:
+    """:func:`make_op`'s fields, written into the empty ``op``."""
+    op.type = op_type
+    op.name = name
+    op.input.extend(inputs)
+    op.output.extend(outputs)
+    if control_input:
+        op.control_input.extend([str(b) for b in control_input])
+    if device is not None:
+        op.device_option.CopyFrom(device)
+    if engine is not None:
+        op.engine = engine
+    if args:
+        op.arg.extend([MakeArgument(k, v) for k, v in args.items() if v is not None])
 
 
 def emit(net: Any, *ops: caffe2_pb2.OperatorDef) -> None:
