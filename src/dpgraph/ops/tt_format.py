@@ -1,8 +1,7 @@
 """The flat Tensor-Train (TT) core layout the ``TT`` op reads, and the numpy helpers
 Caffe2's ``tt_core`` module offers to build it.
 
-A TT layer stands for an FC weight ``W`` of shape ``[prod(inp_sizes), prod(out_sizes)]``
-(``Y = X W + b``).  Core ``i`` has ``tt_ranks[i] * inp_sizes[i] * out_sizes[i] *
+A TT layer stands for a ``[prod(inp_sizes), prod(out_sizes)]`` matrix ``M`` (``Y = X M + b``).  Core ``i`` has ``tt_ranks[i] * inp_sizes[i] * out_sizes[i] *
 tt_ranks[i + 1]`` values; all cores are concatenated into one 1-D float32 array.  The ``TT``
 op multiplies by the core of the LAST factor first, so the array stores the cores from the
 last factor to the first, each laid out ``[inp_sizes[i], tt_ranks[i + 1], tt_ranks[i],
@@ -10,8 +9,10 @@ out_sizes[i]]``.
 
 * :func:`init_tt_cores`: random cores (orthogonalised left to right, Glorot-style scaled) for
   training a TT layer from scratch, drawn from numpy's global generator seeded with ``seed``.
-* :func:`matrix_to_tt`: the TT decomposition of a trained weight matrix (TT-SVD), truncated to
-  ``tt_ranks``, in the op's layout.
+* :func:`matrix_to_tt`: the TT decomposition (TT-SVD, truncated to ``tt_ranks``) of a trained
+  FC weight ``W``, so that the ``TT`` op computes what ``FC`` does (``M = W^T``).  As in
+  Caffe2, ``W^T``'s values are read with the input sizes as the leading modes, which is
+  exact when ``inp_sizes == out_sizes`` (the case Caffe2 uses).
 * :func:`tt_svd`: the TT-SVD itself: cores laid out ``[r_i, n_i, r_{i+1}]``, first to last.
 """
 
@@ -93,7 +94,8 @@ def tt_svd(W: np.ndarray, sizes: Any, tt_ranks: Any) -> np.ndarray:
 def matrix_to_tt(W: np.ndarray, inp_sizes: Sequence[int], out_sizes: Sequence[int],
                  tt_ranks: Sequence[int]) -> np.ndarray:
     """The TT cores (float32, 1-D, in the ``TT`` op's layout) of the FC weight ``W``
-    (``[prod(inp_sizes), prod(out_sizes)]``), truncated to ``tt_ranks``."""
+    (Caffe2 requires shape ``[prod(inp_sizes), prod(out_sizes)]``): the ``TT`` op with them
+    computes ``X W^T`` as FC does, up to the truncation to ``tt_ranks``."""
     _check_sizes(inp_sizes, out_sizes, tt_ranks)
     W = np.asarray(W)
     if W.ndim != 2 or W.shape[0] != np.prod(inp_sizes) or W.shape[1] != np.prod(out_sizes):

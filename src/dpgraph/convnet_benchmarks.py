@@ -1,0 +1,21 @@
+"""Caffe2's ``convnet_benchmarks`` module: the convnet benchmark models and their driver."""
+
+from dpgraph.modeling.zoo.convnet_benchmarks import (
+    MLP,
+    MODELS,
+    AddParameterUpdate,
+    AlexNet,
+    Benchmark,
+    GetArgumentParser,
+    Inception,
+    OverFeat,
+    VGGA,
+    _InceptionModule,
+    main,
+)
+
+__all__ = ["AddParameterUpdate", "AlexNet", "Benchmark", "GetArgumentParser", "Inception", "MLP",
+           "OverFeat", "VGGA"]
+
+if __name__ == "__main__":
+    main()
