@@ -204,11 +204,16 @@ def _reverse_rows(data: bytes, rows: int) -> np.ndarray:
     order: one copy that also reverses the bytes inside each word."""
     row_bytes = len(data) // rows
     word = next(w for w in (8, 4, 2, 1) if row_bytes % w == 0)
-    swapped = np.dtype(f"u{word}").newbyteorder("S")
+    native, swapped = _WORDS[word]
     words = np.frombuffer(data, dtype=swapped).reshape(rows, row_bytes // word)
-    out = np.empty(words.shape, dtype=f"=u{word}")
+    out = np.empty(words.shape, dtype=native)
     np.copyto(out, words[:, ::-1])
     return out.view(np.uint8)
+
+
+#: Unsigned word dtypes by size: (native byte order, swapped byte order).
+_WORDS = {size: (np.dtype(f"=u{size}"), np.dtype(f"=u{size}").newbyteorder("S"))
+          for size in (8, 4, 2, 1)}
 
 
 def _gray(values: np.ndarray) -> np.ndarray:
