@@ -244,9 +244,10 @@ class Net:
         checking its inputs raises, it is removed again and nothing else has changed.
         """
         input_names = rectified_names(inputs)
-        refs = [BlobReference(name, self)
-                for name in rectified_names(self._auto_outputs(op_type, outputs))]
-        output_names = [ref._name for ref in refs]
+        if outputs is None or isinstance(outputs, int):
+            outputs = self._auto_outputs(op_type, outputs)
+        output_names = rectified_names(outputs)
+        refs = [BlobReference(name, self) for name in output_names]
         self._lookup()  # fresh tables now: the new op's outputs are not in them yet
         ops = self._net.op
         op = ops.add()
