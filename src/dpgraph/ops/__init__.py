@@ -16,7 +16,8 @@ _FAMILIES = (
     "feature_maps", "recsys", "ranking", "histogram",
     "quantize_rowwise", "quantized_lookup", "percentile", "quantize_random",
     "lp_pool", "im2col", "tt", "crf_viterbi",
-    "rms_norm", "rmac", "roi_rotated", "sparse_reg", "segment_weighted",
+    "rms_norm", "rmac", "roi_rotated", "sparse_reg", "segment_weighted", "stats",
+    "distance", "roi_pool", "shape_fns",
 )
 
 for _family in _FAMILIES:
