@@ -17,8 +17,11 @@ _FAMILIES = (
     "quantize_rowwise", "quantized_lookup", "percentile", "quantize_random",
     "lp_pool", "im2col", "tt", "crf_viterbi",
     "rms_norm", "rmac", "roi_rotated", "sparse_reg", "segment_weighted", "stats",
-    "distance", "roi_pool", "shape_fns",
+    "distance", "roi_pool",
 )
 
 for _family in _FAMILIES:
     importlib.import_module(f"dpgraph.ops.{_family}")
+
+# Caffe2's shape functions for ops registered above (attached by name, so it comes last).
+importlib.import_module("dpgraph.ops.shape_fns")

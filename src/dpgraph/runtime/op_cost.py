@@ -3,8 +3,8 @@
 Caffe2 attached a cost function to some operator schemas and computed
 ``Cost(flops, bytes_written, bytes_read)`` from the shapes and types of the input blobs.
 dpgraph provides the same formulas for the convolution family (``Conv``, ``Conv1D``,
-``Conv2D``, ``Conv3D``) and ``FC``; any other operator has no cost function, which Caffe2
-also reported as an error.
+``Conv2D``, ``Conv3D``), ``FC``, ``Concat`` and ``Split``; any other operator has no cost
+function, which Caffe2 also reported as an error.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import numpy as np
 
 from dpgraph.errors import WorkspaceError
 from dpgraph.ir.arguments import arguments_dict
+from dpgraph.ops.shape_fns import concat_shape
 from dpgraph.proto import caffe2_pb2
 
 Cost = namedtuple("Cost", ["flops", "bytes_written", "bytes_read"])
@@ -24,6 +25,8 @@ Cost = namedtuple("Cost", ["flops", "bytes_written", "bytes_read"])
 #: Bytes of a float: Caffe2's conv and FC cost functions size their outputs (and FC its
 #: inputs) as float tensors.
 _FLOAT_BYTES = 4
+#: Bytes of Concat's int32 split_info entries.
+_INT32_BYTES = 4
 
 
 def _spatial_output(size: int, kernel: int, stride: int, pad_head: int, pad_tail: int,
@@ -89,9 +92,27 @@ def _fc_cost(op: caffe2_pb2.OperatorDef, shapes: Sequence[tuple[int, ...]],
     return Cost(m * n * (2 * k + 1), m * n * _FLOAT_BYTES, (k * (m + n) + n) * _FLOAT_BYTES)
 
 
+def _concat_cost(op: caffe2_pb2.OperatorDef, shapes: Sequence[tuple[int, ...]],
+                 itemsizes: Sequence[int]) -> Cost:
+    """No flops; reads every input and writes the output (all sized by input 0's element)
+    plus the int32 split_info."""
+    out_shape = concat_shape(op, list(shapes), [None] * len(shapes))[0][0]
+    read = sum(int(np.prod(s)) for s in shapes) * itemsizes[0]
+    written = int(np.prod(out_shape)) * itemsizes[0] + len(shapes) * _INT32_BYTES
+    return Cost(0, int(written), int(read))
+
+
+def _split_cost(op: caffe2_pb2.OperatorDef, shapes: Sequence[tuple[int, ...]],
+                itemsizes: Sequence[int]) -> Cost:
+    """No flops; reads the input (and the split sizes blob) and writes the input's bytes."""
+    data = int(np.prod(shapes[0])) * itemsizes[0]
+    sizes = int(np.prod(shapes[1])) * itemsizes[1] if len(shapes) > 1 else 0
+    return Cost(0, data, data + sizes)
+
+
 COST_FUNCTIONS: dict[str, Callable[..., Cost]] = {
     "Conv": _conv_cost, "Conv1D": _conv_cost, "Conv2D": _conv_cost, "Conv3D": _conv_cost,
-    "FC": _fc_cost,
+    "FC": _fc_cost, "Concat": _concat_cost, "Split": _split_cost,
 }
 
 

@@ -1,0 +1,218 @@
+"""Caffe2's tensor inference functions for ops registered by other family modules.
+
+Importing this module (``dpgraph.ops`` imports it after every family) attaches a
+``shape_fn(op, input_shapes, input_types)`` (see :class:`dpgraph.ir.registry.OpSchema`) to
+ops whose own module registered none, or replaces one that disagreed with Caffe2's
+``TensorInferenceFunction``.  ``InferShapesAndTypes`` then answers from the shapes alone
+instead of running the op's kernel on placeholder inputs (slow for large tensors, and wrong
+for these ops' outputs the kernel does not make).
+
+Each function mirrors one Caffe2 schema:
+
+* ``Concat``/``DepthConcat``: the axis comes from ``axis`` or, without it, from ``order``
+  (``NCHW`` -> 1, ``NHWC`` -> 3, whatever the rank); ``add_axis`` inserts a new axis of
+  size len(inputs); every input shape must be known; ``split_info`` is int32 [len(inputs)].
+* ``Split``/``DepthSplit``: outputs only from the ``split`` argument or an equal split;
+  with a ``split`` input blob the sizes are data, so the outputs stay unknown.
+* ``ConvGradient`` (and ``Conv{1,2,3}DGradient``, ``ConvTransposeGradient``): dW like W,
+  db [output channels] unless ``no_bias``, dX like X.
+* ``LearningRate``: the iteration blob's shape (Caffe2's schema copies input 0's shape).
+* ``PadImage``: H and W grown by the pads (``pads``, ``pad`` or ``pad_t/l/b/r``).
+* ``DotProductWithPadding``: [X.dims(0)].
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from dpgraph.errors import OperatorSchemaError, ShapeError
+from dpgraph.ir.arguments import arguments_dict
+from dpgraph.ir.registry import OPERATORS
+from dpgraph.ops._common import FLOAT, INT32, ShapeResult
+
+Shape = tuple[int, ...]
+ShapeFunction = Callable[[Any, Sequence[Any], Sequence[Any]], ShapeResult]
+
+#: ``order`` -> Caffe2's GetDimFromOrderString: the channel axis of a 4-D image tensor.
+_ORDER_AXIS = {"NCHW": 1, "NHWC": 3}
+
+
+def _unknown(op: Any) -> ShapeResult:
+    return [None] * len(op.output)
+
+
+def _canonical(op: Any, axis: int, ndim: int) -> int:
+    """Caffe2's canonical_axis_index_: a negative axis counts from the end; must fit."""
+    if not -ndim <= axis < ndim:
+        raise ShapeError(f"{op.type}: axis {axis} is out of range for rank {ndim}")
+    return axis % ndim
+
+
+def _order_axis(op: Any, args: dict[str, Any]) -> int:
+    """``axis`` if given, else the channel axis named by ``order`` (default NCHW)."""
+    if "axis" in args:
+        return int(args["axis"])
+    order = str(args.get("order", "NCHW"))
+    if order not in _ORDER_AXIS:
+        raise ShapeError(f"{op.type}: unsupported order {order!r}; use NCHW or NHWC")
+    return _ORDER_AXIS[order]
+
+
+# --- Concat / Split --------------------------------------------------------------------------
+def _concat_dim(op: Any, shape: Shape, first: Shape, axis: int) -> int:
+    """The size along ``axis`` of one input; an input one rank short (concatenating on the
+    last axis) counts as 1.  Every other dimension must match the first input's."""
+    if len(shape) == len(first) - 1 and axis == len(first) - 1:
+        padded = (*shape, 1)
+    elif len(shape) == len(first):
+        padded = shape
+    else:
+        raise ShapeError(f"{op.type}: inputs of rank {len(first)} and {len(shape)} cannot be "
+                         f"concatenated on axis {axis}")
+    if any(a != b for i, (a, b) in enumerate(zip(first, padded)) if i != axis):
+        raise ShapeError(f"{op.type}: shapes {first} and {shape} differ outside axis {axis}")
+    return int(padded[axis])
+
+
+def concat_shape(op: Any, shapes: Sequence[Any], types: Sequence[Any]) -> ShapeResult:
+    """[concatenated (input 0's type), split_info int32 [len(inputs)]]."""
+    if not shapes or any(s is None for s in shapes):
+        return _unknown(op)
+    args = arguments_dict(op.arg)
+    add_axis = bool(int(args.get("add_axis", 0)))
+    first = tuple(int(d) for d in shapes[0])
+    axis = _canonical(op, _order_axis(op, args), len(first) + int(add_axis))
+    out = list(first)
+    if add_axis:
+        if any(tuple(s) != first for s in shapes):
+            raise ShapeError(f"{op.type}: with add_axis=1 every input must have shape {first}")
+        out.insert(axis, len(shapes))
+    else:
+        out[axis] = sum(_concat_dim(op, tuple(s), first, axis) for s in shapes)
+    result: ShapeResult = [(tuple(out), types[0] or FLOAT), ((len(shapes),), INT32)]
+    return result[:len(op.output)]
+
+
+def _split_sizes(op: Any, args: dict[str, Any], total: int) -> list[int] | None:
+    """The output sizes along the axis, or None when they are not known statically."""
+    outputs = len(op.output)
+    sizes = [int(v) for v in args.get("split", [])]
+    if not sizes:
+        return [total // outputs] * outputs if total % outputs == 0 else None
+    return sizes if len(sizes) == outputs else None
+
+
+def split_shape(op: Any, shapes: Sequence[Any], types: Sequence[Any]) -> ShapeResult:
+    """Each output: the input with the split axis resized (or removed with add_axis)."""
+    if len(op.input) != 1 or not shapes or shapes[0] is None or not op.output:
+        return _unknown(op)
+    args = arguments_dict(op.arg)
+    x = tuple(int(d) for d in shapes[0])
+    axis = _canonical(op, _order_axis(op, args), len(x))
+    add_axis = bool(int(args.get("add_axis", 0)))
+    sizes = _split_sizes(op, args, x[axis])
+    if sizes is None or (len(sizes) if add_axis else sum(sizes)) != x[axis]:
+        return _unknown(op)
+    if add_axis:
+        return [(x[:axis] + x[axis + 1:], types[0] or FLOAT)] * len(sizes)
+    return [(x[:axis] + (size,) + x[axis + 1:], types[0] or FLOAT) for size in sizes]
+
+
+# --- gradients, learning rate, padding, distances --------------------------------------------
+def _conv_bias_channels(op: Any, w: Shape) -> int:
+    """The bias length of a convolution-family op with filter ``w``."""
+    if op.type != "ConvTransposeGradient":
+        return int(w[0])
+    args = arguments_dict(op.arg)
+    channels = w[-1] if str(args.get("order", "NCHW")) == "NHWC" else w[1]
+    return int(channels) * int(args.get("group", 1))
+
+
+def conv_gradient_shape(op: Any, shapes: Sequence[Any], types: Sequence[Any]) -> ShapeResult:
+    """[X, W, dY] -> [dW like W, db [channels] (unless no_bias), dX like X]."""
+    x, w = shapes[0], shapes[1]
+    if x is None or w is None:
+        return _unknown(op)
+    w_type = types[1] or FLOAT
+    result: ShapeResult = [(tuple(w), w_type)]
+    if not int(arguments_dict(op.arg).get("no_bias", 0)):
+        result.append(((_conv_bias_channels(op, tuple(w)),), w_type))
+    if len(op.output) > len(result):
+        result.append((tuple(x), types[0] or FLOAT))
+    return result[:len(op.output)]
+
+
+def learning_rate_shape(op: Any, shapes: Sequence[Any], types: Sequence[Any]) -> ShapeResult:
+    """Caffe2 reports the iteration blob's shape for the rate (a float)."""
+    if not shapes or shapes[0] is None:
+        return _unknown(op)
+    return [(tuple(shapes[0]), FLOAT)]
+
+
+def _image_pads(op: Any, args: dict[str, Any]) -> tuple[int, int, int, int]:
+    """(top, left, bottom, right) from ``pads``, else ``pad_t/l/b/r`` defaulting to ``pad``."""
+    if "pads" in args:
+        pads = [int(v) for v in args["pads"]]
+        if len(pads) != 4:
+            raise ShapeError(f"{op.type}: pads must have 4 entries [t, l, b, r], got {pads}")
+        return pads[0], pads[1], pads[2], pads[3]
+    pad = int(args.get("pad", 0))
+    return tuple(int(args.get(name, pad)) for name in  # type: ignore[return-value]
+                 ("pad_t", "pad_l", "pad_b", "pad_r"))
+
+
+def pad_image_shape(op: Any, shapes: Sequence[Any], types: Sequence[Any]) -> ShapeResult:
+    """X with H grown by top + bottom and W by left + right."""
+    x = shapes[0]
+    if x is None or len(x) != 4:
+        return _unknown(op)
+    args = arguments_dict(op.arg)
+    top, left, bottom, right = _image_pads(op, args)
+    h_axis = 1 if str(args.get("order", "NCHW")) == "NHWC" else 2
+    out = list(x)
+    out[h_axis] += top + bottom
+    out[h_axis + 1] += left + right
+    return [(tuple(out), types[0] or FLOAT)]
+
+
+def first_dim_shape(op: Any, shapes: Sequence[Any], types: Sequence[Any]) -> ShapeResult:
+    """Caffe2's IdenticalTypeAndShapeOfInputDim(0, 0): [X.dims(0)] (1 for a scalar)."""
+    x = shapes[0]
+    if x is None:
+        return _unknown(op)
+    return [((int(x[0]) if len(x) else 1,), types[0] or FLOAT)]
+
+
+# --- attachment ------------------------------------------------------------------------------
+#: Ops whose module registered no shape function.
+ADDED: dict[str, ShapeFunction] = {
+    "Split": split_shape, "DepthSplit": split_shape,
+    "PadImage": pad_image_shape,
+    "DotProductWithPadding": first_dim_shape,
+}
+
+#: Ops whose module's shape function disagreed with Caffe2's (see the module docstring).
+REPLACED: dict[str, ShapeFunction] = {
+    "Concat": concat_shape, "DepthConcat": concat_shape,  # order NHWC means axis 3
+    "ConvGradient": conv_gradient_shape, "Conv1DGradient": conv_gradient_shape,
+    "Conv2DGradient": conv_gradient_shape, "Conv3DGradient": conv_gradient_shape,
+    "ConvTransposeGradient": conv_gradient_shape,  # these left db unknown
+    "LearningRate": learning_rate_shape,  # was a scalar
+}
+
+
+def attach(functions: dict[str, ShapeFunction], replace: bool) -> None:
+    """Set each named op's shape function (only where it has none unless ``replace``)."""
+    for op_type, function in functions.items():
+        schema = OPERATORS.get(op_type)
+        if schema is None:
+            raise OperatorSchemaError(
+                f"shape_fns: operator {op_type!r} is not registered; import dpgraph.ops "
+                "(every family) before dpgraph.ops.shape_fns.")
+        if replace or schema.shape_fn is None:
+            schema.shape_fn = function
+
+
+attach(ADDED, replace=False)
+attach(REPLACED, replace=True)
