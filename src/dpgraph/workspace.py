@@ -73,6 +73,9 @@ from dpgraph.runtime.immediate import (
 )
 from dpgraph.runtime.net_transforms import ApplyTransform, ApplyTransformIfFaster
 from dpgraph.runtime.op_cost import GetOperatorCost
+from dpgraph.runtime.numa import get_blob_numa_node as GetBlobNUMANode
+from dpgraph.runtime.numa import get_num_numa_nodes as GetNumNUMANodes
+from dpgraph.runtime.numa import is_numa_enabled as IsNUMAEnabled
 
 #: Caffe2's ``workspace.Workspace`` is the binding's workspace class (``C.Workspace``).
 Workspace = C.Workspace
@@ -98,6 +101,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "ApplyTransform", "ApplyTransformIfFaster", "C", "FillRandomNetworkInputs",
     "GetBlobSizeBytes", "GetOperatorCost", "RunPlanInBackground", "FeedImmediate",
+    "GetBlobNUMANode", "GetNumNUMANodes", "IsNUMAEnabled",
     "FetchImmediate", "ImmediateBlobs", "RunOperatorImmediate",
     "BenchmarkNet", "Blobs", "CreateBlob", "FetchInt8Blob", "GetGPUMemoryInfo", "IsImmediate",
     "StartImmediate", "StopImmediate", "CreateNet", "CurrentWorkspace", "DeserializeBlob",
