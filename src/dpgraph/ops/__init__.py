@@ -16,7 +16,7 @@ _FAMILIES = (
     "feature_maps", "recsys", "ranking", "histogram",
     "quantize_rowwise", "quantized_lookup", "percentile", "quantize_random",
     "lp_pool", "im2col", "tt", "crf_viterbi",
-    "rms_norm", "rmac", "roi_rotated", "sparse_reg", "segment_weighted", "stats",
+    "rms_norm", "rmac", "roi_rotated", "sparse_reg", "segment_weighted", "stats", "coalesce",
     "distance", "roi_pool",
 )
 
