@@ -164,3 +164,6 @@ __all__ += ["GradGenMeta", "GradientRegistry", "IR", "SparseGradGenMeta"]
 
 # --- control-flow gradients (Do / If / While) -----------------------------------------------
 import dpgraph.jobs.control_ops_grad  # noqa: E402,F401  (registers their gradient makers)
+
+# --- Caffe2's module-level ``core.workspace`` (tests call core.workspace.RunPlan) -----------
+from dpgraph import workspace  # noqa: E402,F401

@@ -160,6 +160,15 @@ def test_module_runner_with_dash_m(tmp_path: Path) -> None:
     assert "MOD ['z'] dpgraph.workspace" in out.stdout
 
 
+def test_code_runner_with_dash_c() -> None:
+    code = ("import sys\nfrom caffe2.python import core\n"
+            "print('CODE', sys.argv, core.workspace.__name__)\n")
+    out = subprocess.run([sys.executable, "-m", "dpgraph.compat.caffe2", "-c", code, "q"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "CODE ['-c', 'q'] dpgraph.workspace" in out.stdout
+
+
 def test_every_caffe2_proto_module_maps_to_dpgraph_proto() -> None:
     assert alias.target_of("caffe2.proto.metanet_pb2") == "dpgraph.proto.metanet_pb2"
     assert alias.target_of("caffe2.proto.predictor_consts_pb2") == (

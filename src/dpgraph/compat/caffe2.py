@@ -202,11 +202,13 @@ def propagate_to_child_processes() -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m dpgraph.compat.caffe2 SCRIPT [ARGS]`` or ``... -m MODULE [ARGS]``."""
+    """``python -m dpgraph.compat.caffe2 SCRIPT [ARGS]``, ``... -m MODULE [ARGS]`` or
+    ``... -c CODE [ARGS]``."""
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help"):
         print("usage: python -m dpgraph.compat.caffe2 SCRIPT [ARGS...]\n"
               "       python -m dpgraph.compat.caffe2 -m MODULE [ARGS...]\n"
+              "       python -m dpgraph.compat.caffe2 -c CODE [ARGS...]\n"
               "Runs a Caffe2 script with caffe2.python.* resolved to dpgraph.")
         return 0 if args else 2
     install()
@@ -214,6 +216,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args[0] == "-m" and len(args) > 1:
         sys.argv = [args[1], *args[2:]]
         runpy.run_module(args[1], run_name="__main__", alter_sys=True)
+    elif args[0] == "-c" and len(args) > 1:
+        sys.argv = ["-c", *args[2:]]
+        exec(compile(args[1], "<string>", "exec"), {"__name__": "__main__"})
     else:
         sys.argv = list(args)
         saved_path = list(sys.path)
