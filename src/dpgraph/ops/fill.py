@@ -10,6 +10,7 @@ from its input (its shape, or its values with ``input_as_shape=1``) followed by
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -213,6 +214,53 @@ def uniform_int_fill(ctx: OpContext) -> Outputs:
     return (ctx.xp.asarray(values),)
 
 
+_UNIQUE_DTYPES = {DataType.INT32: np.int32, DataType.INT64: np.int64}
+
+
+def _unique_candidates(ctx: OpContext, low: int, high: int, count: int,
+                       avoid: np.ndarray) -> np.ndarray:
+    """``count`` distinct integers in [low, high] none of which is in ``avoid``, in random
+    order: sampled from the explicit candidates when the range is small, else by rejection."""
+    span = high - low + 1
+    blocked = np.unique(avoid[(avoid >= low) & (avoid <= high)])
+    if count > span - blocked.size:
+        raise ArgumentError(ctx.describe(
+            f"cannot draw {count} unique values from [{low}, {high}] avoiding "
+            f"{blocked.size} of them; widen min/max or ask for fewer"))
+    if span <= max(4 * count, 1 << 16):
+        candidates = np.setdiff1d(np.arange(low, high + 1, dtype=np.int64), blocked)
+        return ctx.rng.choice(candidates, size=count, replace=False)
+    chosen: dict[int, None] = {}
+    avoid_set = set(blocked.tolist())
+    while len(chosen) < count:
+        for v in ctx.rng.integers(low, high, size=2 * (count - len(chosen)),
+                                  endpoint=True).tolist():
+            if v not in avoid_set and len(chosen) < count:
+                chosen[v] = None
+    return np.fromiter(chosen, dtype=np.int64, count=count)
+
+
+@register_op("UniqueUniformFill", inputs=(0, 2), outputs=1,
+             shape=_fill_shape_fn(DataType.INT32, dtype_arg=True))
+def unique_uniform_fill(ctx: OpContext) -> Outputs:
+    """[shape?, avoid?] -> distinct integers drawn uniformly from [min, max] (both required,
+    min < max), none of them in ``avoid``; ``dtype`` INT32 (default) or INT64."""
+    data_type = parse_dtype(ctx.arg("dtype", DataType.INT32))
+    if data_type not in _UNIQUE_DTYPES:
+        raise ArgumentError(ctx.describe(f"dtype must be INT32 or INT64, got {data_type}"))
+    if not (ctx.has_arg("min") and ctx.has_arg("max")):
+        raise ArgumentError(ctx.describe("needs integer arguments 'min' and 'max'"))
+    low, high = ctx.int_arg("min"), ctx.int_arg("max")
+    if not low < high:
+        raise ArgumentError(ctx.describe(f"max ({high}) must be bigger than min ({low})"))
+    dtype = _UNIQUE_DTYPES[data_type]
+    shape = fill_shape(ctx, np.dtype(dtype).itemsize)
+    avoid = (np.asarray(to_host(ctx.inputs[1])).reshape(-1).astype(np.int64)
+             if len(ctx.inputs) == 2 else np.zeros(0, np.int64))
+    values = _unique_candidates(ctx, low, high, math.prod(shape), avoid)
+    return (ctx.xp.asarray(values.astype(dtype).reshape(shape)),)
+
+
 def _bounds(ctx: OpContext, low: float, high: float) -> tuple[float, float]:
     if len(ctx.inputs) == 3:
         low_value = np.asarray(to_host(ctx.inputs[1])).reshape(-1)
@@ -381,5 +429,5 @@ for _filler in ("ConstantFill", "UniformFill", "Float16UniformFill", "UniformInt
                 "GivenTensorInt64Fill", "GivenTensorInt16Fill", "GivenTensorBoolFill",
                 "GivenTensorStringFill",
                 "GivenTensorByteStringToUInt8Fill", "RangeFill", "LengthsRangeFill",
-                "DiagonalFill", "Range"):
+                "DiagonalFill", "Range", "UniqueUniformFill"):
     register_gradient(_filler)(no_gradient)

@@ -40,9 +40,9 @@ def _separable(xp: Any, x: Any, rows: Any, cols: Any, nhwc: bool = False) -> Any
     """``rows · x · colsᵀ`` over the two spatial axes of an NCHW (or NHWC) batch."""
     rows = xp.asarray(rows, dtype=x.dtype)
     cols = xp.asarray(cols, dtype=x.dtype)
-    if nhwc:
-        return xp.einsum("oh,nhwc,pw->nopc", rows, x, cols)
-    return xp.einsum("oh,nchw,pw->ncop", rows, x, cols)
+    planes = xp.moveaxis(x, 3, 1) if nhwc else x  # (N, C, H, W)
+    out = xp.matmul(rows, xp.matmul(planes, cols.T))  # two BLAS products, not a 3-way einsum
+    return xp.ascontiguousarray(xp.moveaxis(out, 1, 3)) if nhwc else out
 
 
 # --- UpsampleBilinear ------------------------------------------------------------------------
