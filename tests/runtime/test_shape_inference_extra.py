@@ -119,6 +119,49 @@ def test_first_dim_rules_for_the_distance_family() -> None:
     assert len([n for n in shapes if n.endswith("_out")]) == 5
 
 
+def test_data_sized_ops_follow_caffe2_rules_from_placeholders() -> None:
+    """Inputs made by fills in the same net have shapes but no values yet: the rules answer
+    from shapes and arguments (the kernels on zeros would say [0] or [1])."""
+    net = core.Net("placeholders")
+    net.ConstantFill([], "ranges", shape=[3, 5, 2], dtype=core.DataType.INT32)
+    net.ConstantFill([], "values", shape=[64], dtype=core.DataType.INT64)
+    net.GatherRanges(["values", "ranges"], ["gathered", "lengths"])
+    net.GatherRangesToDense(["values", "ranges"], ["d0", "d1"], lengths=[2, 4])
+    net.ConstantFill([], "big", shape=[5], dtype=core.DataType.INT64)
+    net.Unique(["big"], ["uniq", "remap"])
+    net.Slice(["values", "starts", "ends"], ["sliced_by_blobs"])
+    shapes, types = workspace.InferShapesAndTypes([net], {})
+    assert shapes["gathered"] == [64] and types["gathered"] == DT.INT64
+    assert shapes["lengths"] == [3] and types["lengths"] == DT.INT32
+    assert shapes["d0"] == [3, 2] and shapes["d1"] == [3, 4]
+    assert "uniq" not in shapes and shapes["remap"] == [5] and types["remap"] == DT.INT32
+    assert "sliced_by_blobs" not in shapes
+
+
+def test_data_sized_op_rules_agree_with_the_kernels_on_real_inputs() -> None:
+    net = core.Net("rules_vs_kernels")
+    net.Slice(["x"], ["s"], starts=[1, 0], ends=[-1, -2])
+    net.Tile(["x"], ["t"], tiles=3, axis=1)
+    net.Shape(["x"], ["shape"])
+    net.LengthsToRanges(["lens"], ["ranges"])
+    net.LengthsPad(["rows", "lens"], ["padded"], target_length=4)
+    net.GatherRanges(["data", "granges"], ["gathered", "glens"])
+    net.AddPadding(["rows", "lens"], ["with_pad", "pad_lens"], padding_width=2)
+    net.SparseToDense(["idx", "vals", "like"], ["dense"])
+    net.Unique(["one"], ["u", "u_remap"])
+    net.BatchOneHot(["bx", "blens", "bvals"], ["onehot"])
+    rng = np.random.default_rng(5)
+    _infer_and_run(net, {
+        "x": rng.random((4, 5), dtype=np.float32),
+        "lens": np.array([1, 2], np.int32), "rows": rng.random((3, 2), dtype=np.float32),
+        "data": np.arange(6, dtype=np.float32),
+        "granges": np.array([[[0, 2], [2, 1]], [[3, 3], [6, 0]]], np.int32),
+        "idx": np.array([0, 2], np.int32), "vals": rng.random((2, 3), dtype=np.float32),
+        "like": np.zeros(5, np.float32), "one": np.array([7], np.int64),
+        "bx": np.array([[2, 3], [4, 1]], np.float32), "blens": np.array([2, 3], np.int32),
+        "bvals": np.array([2, 4, 1, 3, 5], np.float32)})
+
+
 # --- L1Distance / CosineSimilarity kernels ---------------------------------------------------
 def _op(op_type: str, inputs: list[str], outputs: list[str], **args: object
         ) -> caffe2_pb2.OperatorDef:
@@ -219,6 +262,12 @@ def test_split_cost_reads_the_sizes_blob_too() -> None:
     assert tuple(workspace.GetOperatorCost(op, op.input)) == (0, 24, 36)
     plain = _op("Split", ["x"], ["p", "q"], axis=0)
     assert tuple(workspace.GetOperatorCost(plain, plain.input)) == (0, 24, 24)
+
+
+def test_every_named_shape_rule_targets_a_registered_op() -> None:
+    from dpgraph.ops import shape_fns
+
+    assert shape_fns.UNREGISTERED == []
 
 
 def test_cost_of_an_op_without_a_cost_function_is_an_error() -> None:

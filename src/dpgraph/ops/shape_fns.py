@@ -19,6 +19,11 @@ Each function mirrors one Caffe2 schema:
 * ``LearningRate``: the iteration blob's shape (Caffe2's schema copies input 0's shape).
 * ``PadImage``: H and W grown by the pads (``pads``, ``pad`` or ``pad_t/l/b/r``).
 * ``DotProductWithPadding``: [X.dims(0)].
+* Ops whose output sizes are data (``Slice``, ``Tile``, ``Unique``, ``GatherRanges``,
+  ``GatherRangesToDense``, ``AddPadding``, ``SparseToDense``, ...): Caffe2's static rules from
+  arguments and input shapes, or unknown where Caffe2 could not tell (sizes given as blobs,
+  ``Unique`` of more than one element).  Running the kernel on placeholder zeros would
+  report the zeros' answer instead.
 """
 
 from __future__ import annotations
@@ -26,10 +31,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from dpgraph.errors import OperatorSchemaError, ShapeError
+from dpgraph.errors import ShapeError
 from dpgraph.ir.arguments import arguments_dict
 from dpgraph.ir.registry import OPERATORS
-from dpgraph.ops._common import FLOAT, INT32, ShapeResult
+from dpgraph.ops._common import FLOAT, INT32, INT64, ShapeResult
 
 Shape = tuple[int, ...]
 ShapeFunction = Callable[[Any, Sequence[Any], Sequence[Any]], ShapeResult]
@@ -184,12 +189,165 @@ def first_dim_shape(op: Any, shapes: Sequence[Any], types: Sequence[Any]) -> Sha
     return [((int(x[0]) if len(x) else 1,), types[0] or FLOAT)]
 
 
+# --- ops whose output sizes are data: Caffe2's static rules ----------------------------------
+def _known(shapes: Sequence[Any], *indices: int) -> bool:
+    return all(i < len(shapes) and shapes[i] is not None for i in indices)
+
+
+def _numel(shape: Sequence[int]) -> int:
+    total = 1
+    for dim in shape:
+        total *= int(dim)
+    return total
+
+
+def slice_shape(op: Any, shapes: Sequence[Any], types: Sequence[Any]) -> ShapeResult:
+    """From the ``starts``/``ends`` arguments (a negative index counts from dim + 1); with
+    starts/ends given as blobs the output is unknown."""
+    if len(op.input) > 1 or not _known(shapes, 0):
+        return _unknown(op)
+    args = arguments_dict(op.arg)
+    starts = [int(v) for v in args.get("starts", [])]
+    ends = [int(v) for v in args.get("ends", [])]
+    out = []
+    for i, dim in enumerate(int(d) for d in shapes[0]):
+        if i >= len(starts) or dim <= 0:
+            out.append(dim if i >= len(starts) else 0)
+            continue
+        start = starts[i] + dim + 1 if starts[i] < 0 else starts[i]
+        end = ends[i] + dim + 1 if ends[i] < 0 else ends[i]
+        out.append(end - start)
+    return [(tuple(out), types[0] or FLOAT)]
+
+
+def tile_shape(op: Any, shapes: Sequence[Any], types: Sequence[Any]) -> ShapeResult:
+    """``axis`` (0) multiplied by ``tiles`` (1); unknown when tiles/axis come as blobs."""
+    if len(op.input) > 1 or not _known(shapes, 0):
+        return _unknown(op)
+    args = arguments_dict(op.arg)
+    out = [int(d) for d in shapes[0]]
+    axis = _canonical(op, int(args.get("axis", 0)), len(out))
+    out[axis] *= int(args.get("tiles", 1))
+    return [(tuple(out), types[0] or FLOAT)]
+
+
+def unique_shape(op: Any, shapes: Sequence[Any], types: Sequence[Any]) -> ShapeResult:
+    """A 1-D input of at most one element is its own unique set; longer ones are unknown.
+    The remapping (2nd output) is int32 shaped like the input."""
+    x = shapes[0]
+    if x is None:
+        return _unknown(op)
+    if len(x) != 1:
+        raise ShapeError(f"{op.type}: the input must be 1-D, got shape {tuple(x)}")
+    result: ShapeResult = [((int(x[0]),), types[0]) if int(x[0]) <= 1 else None]
+    if len(op.output) > 1:
+        result.append((tuple(x), INT32))
+    return result
+
+
+def lengths_pad_shape(op: Any, shapes: Sequence[Any], types: Sequence[Any]) -> ShapeResult:
+    """[len(lengths) * target_length, *data.shape[1:]]."""
+    if not _known(shapes, 0, 1):
+        return _unknown(op)
+    target = int(arguments_dict(op.arg).get("target_length", -1))
+    if target < 1:
+        raise ShapeError(f"{op.type}: target_length must be >= 1, got {target}")
+    return [((int(shapes[1][0]) * target, *shapes[0][1:]), types[0] or FLOAT)]
+
+
+def lengths_to_ranges_shape(op: Any, shapes: Sequence[Any], types: Sequence[Any]
+                            ) -> ShapeResult:
+    """The lengths' shape plus a trailing 2 (start, length), of the lengths' type."""
+    if not _known(shapes, 0):
+        return _unknown(op)
+    return [((*shapes[0], 2), types[0] or INT32)]
+
+
+def lengths_to_offsets_shape(op: Any, shapes: Sequence[Any], types: Sequence[Any]
+                             ) -> ShapeResult:
+    """The lengths' shape, one longer with ``include_last_offset``."""
+    if not _known(shapes, 0) or not shapes[0]:
+        return _unknown(op)
+    extra = int(bool(int(arguments_dict(op.arg).get("include_last_offset", 0))))
+    return [((int(shapes[0][0]) + extra, *shapes[0][1:]), types[0] or INT32)]
+
+
+def shape_op_shape(op: Any, shapes: Sequence[Any], types: Sequence[Any]) -> ShapeResult:
+    """int64 [rank] (or [len(axes)])."""
+    axes = arguments_dict(op.arg).get("axes", [])
+    if axes:
+        return [((len(axes),), INT64)]
+    return _unknown(op) if not _known(shapes, 0) else [((len(shapes[0]),), INT64)]
+
+
+def gather_ranges_shape(op: Any, shapes: Sequence[Any], types: Sequence[Any]) -> ShapeResult:
+    """Caffe2's bound: [numel(DATA)] of DATA's type and [len(RANGES)] of RANGES' type."""
+    if not _known(shapes, 0, 1):
+        return _unknown(op)
+    return [((_numel(shapes[0]),), types[0] or FLOAT),
+            ((int(shapes[1][0]),), types[1] or INT32)][:len(op.output)]
+
+
+def gather_ranges_to_dense_shape(op: Any, shapes: Sequence[Any], types: Sequence[Any]
+                                 ) -> ShapeResult:
+    """Output i: [len(RANGES), lengths[i]] of DATA's type."""
+    if not _known(shapes, 0, 1):
+        return _unknown(op)
+    lengths = [int(v) for v in arguments_dict(op.arg).get("lengths", [])]
+    batch = int(shapes[1][0])
+    return [((batch, length), types[0] or FLOAT) for length in lengths][:len(op.output)]
+
+
+def add_padding_shape(op: Any, shapes: Sequence[Any], types: Sequence[Any]) -> ShapeResult:
+    """[N + (padding_width + end_padding_width) * len(lengths), ...] and int32
+    [len(lengths)] (one padded range without lengths)."""
+    if not shapes or any(s is None for s in shapes) or not shapes[0]:
+        return _unknown(op)
+    args = arguments_dict(op.arg)
+    width = int(args.get("padding_width", 1))
+    end_width = int(args.get("end_padding_width", width))
+    ranges = int(shapes[1][0]) if len(shapes) > 1 else 1
+    out = (int(shapes[0][0]) + (width + end_width) * ranges, *shapes[0][1:])
+    return [(out, types[0] or FLOAT), ((ranges,), INT32)][:len(op.output)]
+
+
+def batch_one_hot_shape(op: Any, shapes: Sequence[Any], types: Sequence[Any]) -> ShapeResult:
+    """[N, len(values)] of the data's type."""
+    if not _known(shapes, 0, 2):
+        return _unknown(op)
+    return [((int(shapes[0][0]), int(shapes[2][0])), types[0] or FLOAT)]
+
+
+def batch_bucket_one_hot_shape(op: Any, shapes: Sequence[Any], types: Sequence[Any]
+                               ) -> ShapeResult:
+    """[N, len(lengths) + len(boundaries)] of the data's type."""
+    if not _known(shapes, 0, 1, 2):
+        return _unknown(op)
+    width = int(shapes[1][0]) + int(shapes[2][0])
+    return [((int(shapes[0][0]), width), types[0] or FLOAT)]
+
+
+def sparse_to_dense_shape(op: Any, shapes: Sequence[Any], types: Sequence[Any]
+                          ) -> ShapeResult:
+    """[len(data_to_infer_dim), *values.shape[1:]] of the values' type; unknown without the
+    3rd input (the first dim is then the largest index + 1: data)."""
+    if len(op.input) < 3 or not _known(shapes, 1, 2):
+        return _unknown(op)
+    return [((int(shapes[2][0]), *shapes[1][1:]), types[1] or FLOAT)]
+
+
 # --- attachment ------------------------------------------------------------------------------
 #: Ops whose module registered no shape function.
 ADDED: dict[str, ShapeFunction] = {
     "Split": split_shape, "DepthSplit": split_shape,
     "PadImage": pad_image_shape,
     "DotProductWithPadding": first_dim_shape,
+    "Slice": slice_shape, "Tile": tile_shape, "Unique": unique_shape,
+    "LengthsPad": lengths_pad_shape, "LengthsToRanges": lengths_to_ranges_shape,
+    "LengthsToOffsets": lengths_to_offsets_shape, "Shape": shape_op_shape,
+    "GatherRanges": gather_ranges_shape, "GatherRangesToDense": gather_ranges_to_dense_shape,
+    "AddPadding": add_padding_shape, "BatchOneHot": batch_one_hot_shape,
+    "BatchBucketOneHot": batch_bucket_one_hot_shape, "SparseToDense": sparse_to_dense_shape,
 }
 
 #: Ops whose module's shape function disagreed with Caffe2's (see the module docstring).
@@ -202,17 +360,19 @@ REPLACED: dict[str, ShapeFunction] = {
 }
 
 
-def attach(functions: dict[str, ShapeFunction], replace: bool) -> None:
-    """Set each named op's shape function (only where it has none unless ``replace``)."""
+def attach(functions: dict[str, ShapeFunction], replace: bool) -> list[str]:
+    """Set each named op's shape function (only where it has none unless ``replace``);
+    returns the names not registered (skipped: a missing op must not break ``import
+    dpgraph``; the tests require the list to be empty)."""
+    missing = []
     for op_type, function in functions.items():
         schema = OPERATORS.get(op_type)
         if schema is None:
-            raise OperatorSchemaError(
-                f"shape_fns: operator {op_type!r} is not registered; import dpgraph.ops "
-                "(every family) before dpgraph.ops.shape_fns.")
-        if replace or schema.shape_fn is None:
+            missing.append(op_type)
+        elif replace or schema.shape_fn is None:
             schema.shape_fn = function
+    return missing
 
 
-attach(ADDED, replace=False)
-attach(REPLACED, replace=True)
+#: Named ops that no family registered (should stay empty).
+UNREGISTERED = attach(ADDED, replace=False) + attach(REPLACED, replace=True)
