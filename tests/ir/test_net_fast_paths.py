@@ -320,3 +320,19 @@ def test_rectified_names_equal_rectify_input_output(blobs: object) -> None:
                 rectified_names(blobs)
             return
         assert rectified_names(blobs) == expected
+
+
+def test_add_gradient_operators_checks_ys_against_outputs_and_external_inputs() -> None:
+    from dpgraph.errors import GradientError
+
+    net = Net("grad_ys")
+    net.FC(["x", "w", "b"], "y")
+    loss = net.AveragedLoss("y", "loss")
+    with pytest.raises(GradientError, match=r"\['nowhere'\] is neither the output"):
+        net.AddGradientOperators(["nowhere"])
+    net.Proto().external_input.append("fed_loss")  # raw edit: the tables are refreshed
+    with pytest.raises(GradientError, match=r"\['also_nowhere'\] is neither"):
+        net.AddGradientOperators({"fed_loss": None, "also_nowhere": None})
+    grads = net.AddGradientOperators([loss])
+    assert str(grads["w"]) == "w_grad" and net.BlobIsDefined("w_grad")
+    net._CheckLookupTables()

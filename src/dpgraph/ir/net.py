@@ -283,8 +283,9 @@ class Net:
         new_ops = list(new_ops)
         self._net.op.extend(new_ops)
         if not self._recreate_lookup_tables:
+            update = self._op_outputs.update
             for op in new_ops:
-                self._op_outputs.update(op.output)
+                update(op.output[:])
 
     extend_ops = _ExtendOps
 
@@ -481,9 +482,10 @@ class Net:
     def AddGradientOperators(self, ys: Any, skip: int = 0) -> dict[BlobReference, Any]:
         """Append the backward pass for ``ys``; return ``{blob: gradient}``."""
         backward_pass = NET_EXTENSIONS.lookup("backward_pass")  # dpgraph.autodiff's
-        known = set(self._net.external_input).union(*(op.output for op in self._net.op))
+        self._lookup()  # the net's op outputs and external inputs
+        known = (self._op_outputs, self._external_input_map)
         named = ys if isinstance(ys, (list, tuple, dict)) else []  # others: the pass says why
-        unknown = [blob_name(y) for y in named if blob_name(y) not in known]
+        unknown = [blob_name(y) for y in named if all(blob_name(y) not in k for k in known)]
         if unknown:
             raise GradientError(
                 f"AddGradientOperators on net {self._net.name!r}: {unknown} is neither the "
