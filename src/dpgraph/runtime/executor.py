@@ -122,6 +122,29 @@ def dependencies(ops: Sequence[OpInstance], num_workers: int = 1) -> list[set[in
     return result
 
 
+#: Nets up to this many ops get their dependency graph reduced (the ancestor sets cost
+#: ops**2 / 8 bytes while they are built).
+REDUCE_MAX_OPS = 4096
+
+
+def reduced(deps: Sequence[set[int]]) -> list[set[int]]:
+    """The transitive reduction of ``deps`` (parents always have lower indices): a parent
+    that is also an ancestor of another parent is dropped.  Every op still waits for all
+    its former dependencies (through the kept ones), so runs read the same values, while
+    chains become single-parent edges the scheduler follows without counting or locking."""
+    ancestors: list[int] = []  # bit p of ancestors[j]: op p must finish before op j
+    result: list[set[int]] = []
+    for parents in deps:
+        union = 0
+        for p in parents:
+            union |= ancestors[p]
+        result.append({p for p in parents if not union >> p & 1})
+        for p in parents:
+            union |= 1 << p
+        ancestors.append(union)
+    return result
+
+
 def is_pure(inst: OpInstance) -> bool:
     """True for an op that only computes: it cannot block on or be observed by anything
     but its blobs (no side effects, collective, cross-device placement, mutex, Python code
@@ -241,6 +264,8 @@ class DagExecutor:
         self.num_workers = max(1, num_workers)
         self.name = name
         deps = dependencies(self.ops, self.num_workers)
+        if len(deps) <= REDUCE_MAX_OPS:
+            deps = reduced(deps)
         self.indegree = [len(d) for d in deps]
         self.children: list[list[int]] = [[] for _ in self.ops]
         for j, parents in enumerate(deps):

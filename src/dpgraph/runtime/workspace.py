@@ -81,7 +81,8 @@ class NetInstance:
         if not self.checked:  # once per created net (and per RunNetOnce)
             self.checked = True
             run_first_run_checks(self.workspace, self.proto)
-        self._cancelled.clear()
+        if self._cancelled.is_set():  # clearing takes the event's lock: only when set
+            self._cancelled.clear()
         self._runner = threading.get_ident()
         try:
             self.executor.run(self.workspace._blobs, self.workspace._placement)
