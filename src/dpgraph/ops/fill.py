@@ -214,7 +214,7 @@ def uniform_int_fill(ctx: OpContext) -> Outputs:
     return (ctx.xp.asarray(values),)
 
 
-_UNIQUE_DTYPES = {DataType.INT32: np.int32, DataType.INT64: np.int64}
+_UNIQUE_DTYPES: dict[int, Any] = {DataType.INT32: np.int32, DataType.INT64: np.int64}
 
 
 def _unique_candidates(ctx: OpContext, low: int, high: int, count: int,

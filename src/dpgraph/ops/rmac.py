@@ -37,7 +37,7 @@ def _origins(extent: int, side: int, count: int) -> list[int]:
     return [min(int(spacing * np.float32(i)), extent - side) for i in range(count)]
 
 
-def rmac_grid(h: int, w: int, scales: int, overlap: float) -> np.ndarray:
+def rmac_grid(h: int, w: int, scales: int, overlap: np.float32) -> np.ndarray:
     """Regions (R, 4) as ``x1, y1, x2, y2`` for one H×W map."""
     step = _long_side_step(h, w, overlap)
     extra_w, extra_h = (step if w > h else 0), (step if h > w else 0)
