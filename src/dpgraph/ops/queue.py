@@ -1,5 +1,5 @@
 """Blobs queues: CreateBlobsQueue, EnqueueBlobs, SafeEnqueueBlobs, DequeueBlobs,
-SafeDequeueBlobs, CloseBlobsQueue.
+SafeDequeueBlobs, WeightedSampleDequeueBlobs, CloseBlobsQueue.
 
 A queue blob holds a bounded, thread-safe :class:`BlobsQueue` of records (one value per
 blob).  Enqueueing blocks while the queue is full, dequeueing blocks while it is empty;
@@ -233,6 +233,53 @@ def safe_dequeue_blobs(ctx: OpContext) -> Outputs:
             _status(False))
 
 
+def _sampling_bounds(ctx: OpContext) -> np.ndarray:
+    """Cumulative probabilities of the ``weights`` arg (one per queue, default all 1), the
+    last one 1.0001 as in Caffe2 (no draw can fall past it)."""
+    weights = np.asarray(ctx.floats_arg("weights") or [1.0] * ctx.num_inputs, np.float32)
+    if weights.size != ctx.num_inputs:
+        raise ShapeError(ctx.describe(f"weights has {weights.size} entries for "
+                                      f"{ctx.num_inputs} queues."))
+    total = np.float32(weights.sum())
+    if not total > 0:
+        raise ShapeError(ctx.describe(f"Sum of weights must be positive, got {weights.tolist()}"))
+    if (weights < 0).any():
+        raise ShapeError(ctx.describe(f"Each probability must be non-negative, got weights "
+                                      f"{weights.tolist()}"))
+    bounds = np.cumsum(weights / total, dtype=np.float32)
+    bounds[-1] = np.float32(1.0001)
+    return bounds
+
+
+@register_op("WeightedSampleDequeueBlobs", inputs=(1, None), outputs=(2, None),
+             side_effects=True)
+def weighted_sample_dequeue_blobs(ctx: OpContext) -> Outputs:
+    """Pick one of the input queues at random (``weights``) and pop a record from it into
+    the data outputs; the last output is True (data unchanged) when that queue is closed
+    and drained.  ``table_idx_blob`` >= 0: that output gets the chosen queue's index
+    (int32 [1]) instead."""
+    table_idx = ctx.int_arg("table_idx_blob", -1)
+    if table_idx >= ctx.num_outputs - 1:
+        raise ShapeError(ctx.describe(f"table_idx_blob {table_idx} must be below the "
+                                      f"{ctx.num_outputs - 1} data outputs."))
+    bounds = _sampling_bounds(ctx)
+    chosen = int(np.searchsorted(bounds, np.float32(ctx.rng.random()), side="left"))
+    queue = ctx.inputs[chosen]
+    if not isinstance(queue, BlobsQueue):
+        raise ShapeError(ctx.describe(
+            f"input {ctx.input_name(chosen)!r} is not a queue (got {type(queue).__name__}); "
+            "create it with CreateBlobsQueue."))
+    count = ctx.num_outputs - 1
+    if queue.num_blobs != count:
+        raise ShapeError(ctx.describe(f"queue {queue.name!r} holds {queue.num_blobs} blobs "
+                                      f"per record; the op has {count} data outputs."))
+    record = queue.get(_timeout(ctx))
+    values = list(record) if record is not None else [ctx.prev_output(i) for i in range(count)]
+    if table_idx >= 0:
+        values[table_idx] = np.array([chosen], np.int32)
+    return (*values, _status(record is None))
+
+
 @register_op("CloseBlobsQueue", inputs=1, outputs=0, side_effects=True)
 def close_blobs_queue(ctx: OpContext) -> Outputs:
     """Close the queue: waiting and later dequeues drain it, then end; waiting enqueues
@@ -242,5 +289,5 @@ def close_blobs_queue(ctx: OpContext) -> Outputs:
 
 
 for _op_type in ("CreateBlobsQueue", "EnqueueBlobs", "SafeEnqueueBlobs", "DequeueBlobs",
-                 "SafeDequeueBlobs", "CloseBlobsQueue"):
+                 "SafeDequeueBlobs", "WeightedSampleDequeueBlobs", "CloseBlobsQueue"):
     register_gradient(_op_type)(no_gradient)
