@@ -134,6 +134,9 @@ def test_relu_fast_path_gives_the_formulas_bits(in_place: bool) -> None:
     got = run_ops(ops, {"x": x.copy(), "dy": dy.copy()})
     y = np.maximum(x, 0)
     assert _bits([got[out], got[grad_out]]) == _bits([y, dy * (y > 0)])
+    same = run_ops([make_op("ReluGradient", ["a", "a"], ["a" if in_place else "b"])],
+                   {"a": x.copy()})  # Y and dY one array
+    assert _bits([same["a" if in_place else "b"]]) == _bits([x * (x > 0)])
 
 
 def test_relu_fast_path_in_place_only_where_the_op_is() -> None:
