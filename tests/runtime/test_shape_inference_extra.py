@@ -162,6 +162,51 @@ def test_data_sized_op_rules_agree_with_the_kernels_on_real_inputs() -> None:
         "bvals": np.array([2, 4, 1, 3, 5], np.float32)})
 
 
+# --- Caffe2's driver rules (runtime/shapes.py) -----------------------------------------------
+def test_gradient_reshape_and_split_use_what_their_forward_ops_saw() -> None:
+    net = core.Net("grad_caches")
+    net.Reshape(["x"], ["x2", "x_old_shape"], shape=[2, -1])
+    net.Concat(["x2", "y"], ["xy", "xy_info"], axis=1)
+    net.AveragedLoss(["xy"], ["loss"])
+    net.AddGradientOperators(["loss"])
+    shapes, types = workspace.InferShapesAndTypes([net], {"x": [4, 3], "y": [2, 5]})
+    assert shapes["x2_grad"] == [2, 6] and shapes["y_grad"] == [2, 5]
+    assert shapes["x_grad"] == [4, 3] and types["x_grad"] == DT.FLOAT
+
+
+def test_gradient_outputs_named_after_params_take_their_shapes() -> None:
+    """DotProductGradient has no shape function: its outputs x_grad / y_grad come from x and
+    y without running the kernel (which would reject these mismatched inputs)."""
+    net = core.Net("grad_names")
+    op = net.DotProductGradient(["x", "y", "d"], ["x_grad", "y_grad"])
+    net.Proto().op[-1].is_gradient_op = True
+    shapes, _ = workspace.InferShapesAndTypes([net], {"x": [3, 4], "y": [5], "d": [3]})
+    assert shapes["x_grad"] == [3, 4] and shapes["y_grad"] == [5] and op is not None
+
+
+def test_sum_gives_auto_split_inputs_a_shape() -> None:
+    net = core.Net("autosplit")
+    net.Sum(["g_autosplit_0", "g_autosplit_1"], ["g"])
+    shapes, _ = workspace.InferShapesAndTypes([net], {"g_autosplit_1": [7, 2]})
+    assert shapes["g_autosplit_0"] == [7, 2] and shapes["g"] == [7, 2]
+
+
+def test_queue_ops_are_skipped_and_missing_types_are_undefined() -> None:
+    net = core.Net("queues")
+    net.EnqueueBlobs(["queue", "x"], ["x"])
+    net.Relu(["x"], ["y"])
+    shapes, types = workspace.InferShapesAndTypes(
+        [net], {"x": [2], "queue": []}, blob_types={"queue": DT.FLOAT})
+    assert shapes["y"] == [2] and types["x"] == DT.UNDEFINED
+
+
+def test_non_tensor_workspace_blobs_are_present_but_unknown() -> None:
+    workspace.RunOperatorOnce(core.CreateOperator("CreateMutex", [], ["mutex"]))
+    workspace.FeedBlob("x", np.ones(3, np.float32))
+    shapes, _ = workspace.InferShapesAndTypes([core.Net("empty")])
+    assert "mutex" not in shapes and shapes["x"] == [3]
+
+
 # --- L1Distance / CosineSimilarity kernels ---------------------------------------------------
 def _op(op_type: str, inputs: list[str], outputs: list[str], **args: object
         ) -> caffe2_pb2.OperatorDef:
