@@ -122,7 +122,7 @@ def _plain_labels(ctx: OpContext, x: Any, label: Any, num_inputs: int) -> Any:
     return flat
 
 
-def _plain_softmax_with_loss(ctx: OpContext, x: Any, labels: Any) -> Outputs:
+def _plain_softmax_with_loss(ctx: OpContext, x: Any, labels: Any) -> Outputs | None:
     """SoftmaxWithLoss for :func:`_plain_labels`' case: the general path's float operations
     (softmax, log-softmax, the row losses and their sum) with fewer temporaries, and the
     label entries read directly, which gives the one-hot product's values where every

@@ -135,10 +135,10 @@ def _fc_backward(ctx: OpContext, transposed: bool) -> Outputs:
         plain, num_outputs = _fc_plan(ctx)
         if plain and _plain_matrices(x, w, dy, 2) and dy.shape[0] == x.shape[0]:
             # the general path's matmuls and sum on the same (unreshaped) arrays
-            outs = [np.matmul(dy.T, x), np.add.reduce(dy, axis=0)]  # dy.sum, no wrapper
+            grads = [np.matmul(dy.T, x), np.add.reduce(dy, axis=0)]  # dy.sum, no wrapper
             if num_outputs > 2:
-                outs.append(np.matmul(dy, w))
-            return outs
+                grads.append(np.matmul(dy, w))
+            return grads
     axis, m, k, n = _fc_dims(ctx, x.shape, w.shape, transposed)
     x2, dy2 = x.reshape(m, k), dy.reshape(m, n)
     dw = ctx.xp.matmul(x2.T, dy2) if transposed else ctx.xp.matmul(dy2.T, x2)
