@@ -265,8 +265,8 @@ def normalize(pixels: np.ndarray, params: ImageParams,
         np.multiply(out, scale, out=out)
         return out
     rows = out.shape[0]
-    blocks = max(1, -(-out.nbytes // _BLOCK_BYTES))
-    step = -(-max(1, -(-rows // blocks)) // _GROUP) * _GROUP  # multiple of _GROUP rows
+    blocks = max(1, math.ceil(out.nbytes / _BLOCK_BYTES))
+    step = math.ceil(math.ceil(rows / blocks) / _GROUP) * _GROUP  # whole groups of rows
     for start in range(0, rows, step):
         _normalize_rows(pixels[start:start + step], out[start:start + step], params)
     return out

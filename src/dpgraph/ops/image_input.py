@@ -164,9 +164,9 @@ class _RowDraws:
     """One image's random numbers, with the ``numpy.random.Generator`` methods the pipeline
     calls: a block drawn for the whole batch from one Generator seeded by the batch seed
     (a Generator per image costs more than the crop), handed out in order.  A row that
-    runs out (a longer block than :func:`_draws_per_image` says) continues from a
-    Generator seeded by (batch seed, row).  So the draws follow
-    the seed and do not depend on which decode thread takes the row."""
+    runs out (it drew more than :func:`_draws_per_image` allows for) continues from a
+    Generator seeded by (batch seed, row).  So the draws follow the seed and do not depend
+    on which decode thread takes the row."""
 
     __slots__ = ("_uniforms", "_normals", "_seed", "_row", "_spill")
 
@@ -231,15 +231,15 @@ def _one_image(value: bytes, cfg: _Config, draws: _RowDraws, where: str,
     return record, failed
 
 
-Done = list[tuple[int, "ImageRecord", bool]]
+_Done = list[tuple[int, "ImageRecord", bool]]
 
 
 def _rows(rows: queue.SimpleQueue[int], values: list[bytes], keys: list[bytes],
-          cfg: _Config, draws: list[_RowDraws], where: str, data: np.ndarray) -> Done:
+          cfg: _Config, draws: list[_RowDraws], where: str, data: np.ndarray) -> _Done:
     """One decode thread's work: the next unclaimed row of the batch until none is left
     (threads that run slower, on a busy machine, simply take fewer rows).  A failure
     empties the queue so the other threads stop after their current image."""
-    done: Done = []
+    done: _Done = []
     try:
         while True:
             try:
@@ -257,7 +257,7 @@ def _rows(rows: queue.SimpleQueue[int], values: list[bytes], keys: list[bytes],
 
 
 def _decode_batch(values: list[bytes], keys: list[bytes], cfg: _Config, seed: int,
-                  where: str, data: np.ndarray) -> Done:
+                  where: str, data: np.ndarray) -> _Done:
     """Every row of the batch on ``decode_threads`` threads: the calling (prefetch) thread
     and ``decode_threads - 1`` pool threads, so a batch costs no hand-off with one thread
     and one per extra thread otherwise.  Returns once no thread is writing into ``data``."""
