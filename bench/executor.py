@@ -167,7 +167,8 @@ def _mlp_workspace(net_type: str, params: dict[str, np.ndarray], x: np.ndarray,
 
 def mlp(iters: int) -> dict[str, Any]:
     """Step times; the numpy baselines and each executor are timed in turn within every
-    round so that load from other processes affects them alike.  Ratios are of medians."""
+    round (in a rotating order) so that load from other processes and the cache state left
+    by the previous step affect them alike.  Ratios are of medians."""
     rng = np.random.default_rng(0)
     params = _params(rng)
     x = rng.standard_normal((BATCH, SIZES[0])).astype(np.float32)
@@ -184,9 +185,10 @@ def mlp(iters: int) -> dict[str, Any]:
              **{t: (lambda w=ws, n=net: w.run_net(n)) for t, (ws, net) in runs.items()}}
     times: dict[str, list[float]] = {k: [] for k in steps}
     cpu: dict[str, list[float]] = {k: [] for k in steps}
-    for _ in range(iters):
-        for key, fn in steps.items():
-            wall, used = _cpu_time(fn)
+    order = list(steps)
+    for round_ in range(iters):  # the order rotates, so no variant always follows another
+        for key in order[round_ % len(order):] + order[:round_ % len(order)]:
+            wall, used = _cpu_time(steps[key])
             times[key].append(wall)
             cpu[key].append(used)
     same = np.array_equal(runs["simple"][0].fetch_blob("w0"), runs["dag"][0].fetch_blob("w0"))
