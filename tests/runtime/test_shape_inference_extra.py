@@ -309,6 +309,34 @@ def test_split_cost_reads_the_sizes_blob_too() -> None:
     assert tuple(workspace.GetOperatorCost(plain, plain.input)) == (0, 24, 24)
 
 
+_F32 = np.float32
+
+
+@pytest.mark.parametrize("op_type,inputs,args,outputs,expected", [
+    ("FC", [(4, 5), (3, 5), (3,)], {}, 1, (132, 48, 152)),
+    ("FCTransposed", [(4, 5), (5, 3), (3,)], {}, 1, (132, 48, 152)),
+    ("FCGradient", [(4, 5), (3, 5), (4, 3)], {}, 3, (252, 152, 0)),
+    ("ConvGradient", [(2, 3, 5, 5), (4, 3, 3, 3), (2, 4, 3, 3)], {"kernel": 3}, 3,
+     (7848, 1048, 1320)),
+    ("ConvGradient", [(2, 3, 5, 5), (4, 3, 3, 3), (2, 4, 3, 3)], {"kernel": 3, "no_bias": 1},
+     2, (7776, 1032, 1320)),
+    ("Add", [(2, 3), (3,)], {"broadcast": 1}, 1, (6, 24, 36)),
+    ("ReluN", [(5,)], {}, 1, (10, 20, 20)),
+    ("Sum", [(2, 2), (2, 2), (2, 2)], {}, 1, (8, 16, 48)),
+    ("WeightedSum", [(4,), (1,), (4,), (1,)], {}, 1, (12, 16, 40)),
+    ("DotProduct", [(3, 4), (3, 4)], {}, 1, (24, 12, 96)),
+    ("BatchMatMul", [(2, 3, 4), (2, 4, 5)], {}, 1, (240, 120, 256)),
+    ("BatchMatMul", [(2, 3, 4), (2, 5, 4)], {"trans_b": 1}, 1, (240, 120, 256)),
+])
+def test_caffe2_cost_formulas(op_type: str, inputs: list, args: dict, outputs: int,
+                              expected: tuple) -> None:
+    names = [f"in{i}" for i in range(len(inputs))]
+    for name, shape in zip(names, inputs):
+        workspace.FeedBlob(name, np.ones(shape, _F32))
+    op = _op(op_type, names, [f"out{i}" for i in range(outputs)], **args)
+    assert tuple(workspace.GetOperatorCost(op, names)) == expected
+
+
 def test_every_named_shape_rule_targets_a_registered_op() -> None:
     from dpgraph.ops import shape_fns
 
@@ -318,4 +346,4 @@ def test_every_named_shape_rule_targets_a_registered_op() -> None:
 def test_cost_of_an_op_without_a_cost_function_is_an_error() -> None:
     workspace.FeedBlob("x", np.ones(3, np.float32))
     with pytest.raises(WorkspaceError, match="no cost inference function"):
-        workspace.GetOperatorCost(_op("Relu", ["x"], ["y"]), ["x"])
+        workspace.GetOperatorCost(_op("Sigmoid", ["x"], ["y"]), ["x"])

@@ -2,9 +2,11 @@
 
 Caffe2 attached a cost function to some operator schemas and computed
 ``Cost(flops, bytes_written, bytes_read)`` from the shapes and types of the input blobs.
-dpgraph provides the same formulas for the convolution family (``Conv``, ``Conv1D``,
-``Conv2D``, ``Conv3D``), ``FC``, ``Concat`` and ``Split``; any other operator has no cost
-function, which Caffe2 also reported as an error.
+dpgraph provides the same formulas for the operators Caffe2 gave one (``COST_FUNCTIONS``:
+the convolution family and ConvGradient, FC/FCTransposed and their gradients, Concat, Split,
+the pointwise arithmetic and activation ops, Sum, WeightedSum, DotProduct, BatchMatMul,
+SpatialBN); any other operator has no cost function, which Caffe2 also reported as an error.
+Like Caffe2, the convolution costs count bytes as floats whatever the input type.
 """
 
 from __future__ import annotations
@@ -27,6 +29,10 @@ Cost = namedtuple("Cost", ["flops", "bytes_written", "bytes_read"])
 _FLOAT_BYTES = 4
 #: Bytes of Concat's int32 split_info entries.
 _INT32_BYTES = 4
+
+
+def _numel(shape: Sequence[int]) -> int:
+    return int(np.prod(shape, dtype=np.int64))
 
 
 def _spatial_output(size: int, kernel: int, stride: int, pad_head: int, pad_tail: int,
@@ -79,17 +85,121 @@ def _conv_cost(op: caffe2_pb2.OperatorDef, shapes: Sequence[tuple[int, ...]],
     return Cost(int(flops), int(y_elements * _FLOAT_BYTES), int(read))
 
 
-def _fc_cost(op: caffe2_pb2.OperatorDef, shapes: Sequence[tuple[int, ...]],
-             itemsizes: Sequence[int]) -> Cost:
-    """M·N·(2K+1) flops for X [M, K] and W [N, K] (axis / axis_w split the dims)."""
-    x, w = shapes[0], shapes[1]
+def _fc_dims(op: caffe2_pb2.OperatorDef, x: tuple[int, ...], w: tuple[int, ...]
+             ) -> tuple[int, int, int]:
+    """(M, K, N) of an FC: X split at ``axis``; N from W's dims before ``axis_w`` (after it
+    for the pretransposed FCTransposed)."""
     args = arguments_dict(op.arg)
     axis = int(args.get("axis", 1)) % max(len(x), 1)
     axis_w = int(args.get("axis_w", 1)) % max(len(w), 1)
-    m, k = int(np.prod(x[:axis])), int(np.prod(x[axis:]))
-    n = int(np.prod(w[axis_w:])) if args.get("pretransposed_weight") else int(
-        np.prod(w[:axis_w]))
-    return Cost(m * n * (2 * k + 1), m * n * _FLOAT_BYTES, (k * (m + n) + n) * _FLOAT_BYTES)
+    m, k = _numel(x[:axis]), _numel(x[axis:])
+    n = _numel(w[axis_w:]) if op.type.startswith("FCTransposed") else _numel(w[:axis_w])
+    return m, k, n
+
+
+def _fc_cost(op: caffe2_pb2.OperatorDef, shapes: Sequence[tuple[int, ...]],
+             itemsizes: Sequence[int]) -> Cost:
+    """M·N·(2K+1) flops for X [M, K] and W [N, K]; reads X, W, b and writes Y (X's
+    element size)."""
+    m, k, n = _fc_dims(op, shapes[0], shapes[1])
+    return Cost(m * n * (2 * k + 1), m * n * itemsizes[0], (k * (m + n) + n) * itemsizes[0])
+
+
+def _fc_gradient_cost(op: caffe2_pb2.OperatorDef, shapes: Sequence[tuple[int, ...]],
+                      itemsizes: Sequence[int]) -> Cost:
+    """dW and db: M·N·(2K+1) flops, dX another 2·M·N·K; writes dW, db (W's element size)
+    and dX; Caffe2 counted no bytes read."""
+    x, w = shapes[0], shapes[1]
+    m, k, n = _fc_dims(op, x, w)
+    flops = m * n * (2 * k + 1)
+    written = (_numel(w) + n) * itemsizes[1]
+    if len(op.output) == 3:
+        flops += 2 * m * n * k
+        written += _numel(x) * itemsizes[0]
+    return Cost(flops, written, 0)
+
+
+def _conv_gradient_cost(op: caffe2_pb2.OperatorDef, shapes: Sequence[tuple[int, ...]],
+                        itemsizes: Sequence[int]) -> Cost:
+    """2·N·M·C·|kernel|·|dY image| flops for dW, N·M·|dY image| for db, as much again as dW
+    for dX; reads X, W, dY and writes the gradients, all as floats."""
+    x, w, dy = shapes[0], shapes[1], shapes[2]
+    nhwc = str(arguments_dict(op.arg).get("order", "NCHW")) == "NHWC"
+    no_bias = bool(int(arguments_dict(op.arg).get("no_bias", 0)))
+    channels = x[-1] if nhwc else x[1]
+    image = _numel(dy[1:-1] if nhwc else dy[2:])
+    kernel = _numel(w[1:-1] if nhwc else w[2:])
+    per_pass = x[0] * 2 * w[0] * kernel * channels * image
+    flops = per_pass + (0 if no_bias else x[0] * w[0] * image)
+    written = [_numel(w)] + ([] if no_bias else [w[0]])
+    if len(op.output) == 3 or (no_bias and len(op.output) == 2):
+        flops += per_pass
+        written.append(_numel(x))
+    return Cost(int(flops), sum(written[:len(op.output)]) * _FLOAT_BYTES,
+                (_numel(x) + _numel(w) + _numel(dy)) * _FLOAT_BYTES)
+
+
+def _pointwise(ops_per_point: int) -> Callable[..., Cost]:
+    """Caffe2's PointwiseCostInference: ops_per_point flops per element of input 0; reads
+    every input, writes input 0's size, all in input 0's element size."""
+
+    def cost(op: caffe2_pb2.OperatorDef, shapes: Sequence[tuple[int, ...]],
+             itemsizes: Sequence[int]) -> Cost:
+        elements = _numel(shapes[0])
+        read = sum(_numel(s) for s in shapes) * itemsizes[0]
+        return Cost(elements * ops_per_point, elements * itemsizes[0], read)
+
+    return cost
+
+
+def _sum_cost(op: caffe2_pb2.OperatorDef, shapes: Sequence[tuple[int, ...]],
+              itemsizes: Sequence[int]) -> Cost:
+    """Pointwise, with one add per element for each input after the first."""
+    base = _pointwise(1)(op, shapes, itemsizes)
+    return base._replace(flops=base.flops * (len(shapes) - 1))
+
+
+def _weighted_sum_cost(op: caffe2_pb2.OperatorDef, shapes: Sequence[tuple[int, ...]],
+                       itemsizes: Sequence[int]) -> Cost:
+    """[X0, w0, X1, w1, ...]: (inputs - 1) flops per element; reads each pair's X and
+    weight."""
+    if len(shapes) % 2:
+        raise WorkspaceError(f"GetOperatorCost: WeightedSum takes (X, weight) pairs, got "
+                             f"{len(shapes)} inputs")
+    elements = _numel(shapes[0])
+    return Cost((len(shapes) - 1) * elements, elements * itemsizes[0],
+                (len(shapes) // 2) * (elements + 1) * itemsizes[0])
+
+
+def _dot_product_cost(op: caffe2_pb2.OperatorDef, shapes: Sequence[tuple[int, ...]],
+                      itemsizes: Sequence[int]) -> Cost:
+    """Pointwise (2 flops per element) writing one value per row of X."""
+    rows = shapes[0][0] if shapes[0] else 1
+    return _pointwise(2)(op, shapes, itemsizes)._replace(bytes_written=rows * itemsizes[0])
+
+
+def _matmul_output(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
+    """numpy.matmul's result shape (batch dims broadcast; 1-D operands promoted)."""
+    if len(a) == 1 and len(b) == 1:
+        return ()
+    if len(a) == 1:
+        return (*b[:-2], b[-1])
+    if len(b) == 1:
+        return a[:-1]
+    return (*np.broadcast_shapes(a[:-2], b[:-2]), a[-2], b[-1])
+
+
+def _batch_matmul_cost(op: caffe2_pb2.OperatorDef, shapes: Sequence[tuple[int, ...]],
+                       itemsizes: Sequence[int]) -> Cost:
+    """2·|Y|·K flops; reads A and B, writes Y (A's element size)."""
+    args = arguments_dict(op.arg)
+    a, b = tuple(shapes[0]), tuple(shapes[1])
+    if int(args.get("trans_a", 0)) and len(a) > 1:
+        a = (*a[:-2], a[-1], a[-2])
+    if int(args.get("trans_b", 0)) and len(b) > 1:
+        b = (*b[:-2], b[-1], b[-2])
+    y = _numel(_matmul_output(a, b))
+    return Cost(2 * y * a[-1], y * itemsizes[0], (_numel(a) + _numel(b)) * itemsizes[0])
 
 
 def _concat_cost(op: caffe2_pb2.OperatorDef, shapes: Sequence[tuple[int, ...]],
@@ -112,7 +222,16 @@ def _split_cost(op: caffe2_pb2.OperatorDef, shapes: Sequence[tuple[int, ...]],
 
 COST_FUNCTIONS: dict[str, Callable[..., Cost]] = {
     "Conv": _conv_cost, "Conv1D": _conv_cost, "Conv2D": _conv_cost, "Conv3D": _conv_cost,
-    "FC": _fc_cost, "Concat": _concat_cost, "Split": _split_cost,
+    "ConvGradient": _conv_gradient_cost,
+    "FC": _fc_cost, "FCTransposed": _fc_cost,
+    "FCGradient": _fc_gradient_cost, "FCTransposedGradient": _fc_gradient_cost,
+    "Concat": _concat_cost, "Split": _split_cost,
+    "Add": _pointwise(1), "Sub": _pointwise(1), "Mul": _pointwise(1), "Div": _pointwise(1),
+    "MulGradient": _pointwise(2), "ReluN": _pointwise(2),
+    "LeakyRelu": _pointwise(2), "ThresholdedRelu": _pointwise(2), "Gelu": _pointwise(2),
+    "HardSigmoid": _pointwise(4), "SpatialBN": _pointwise(4),
+    "Sum": _sum_cost, "WeightedSum": _weighted_sum_cost, "DotProduct": _dot_product_cost,
+    "BatchMatMul": _batch_matmul_cost,
 }
 
 
