@@ -10,7 +10,7 @@ from dpgraph import core, workspace
 from dpgraph.dataset import Dataset
 from dpgraph.errors import ModelConfigError
 from dpgraph.record_queue import RecordQueue
-from dpgraph.schema import Scalar, Struct, FeedRecord, NewRecord, from_blob_list
+from dpgraph.schema import FeedRecord, NewRecord, Scalar, Struct, from_blob_list
 
 
 def _source(values: np.ndarray, labels: np.ndarray):

@@ -8,8 +8,8 @@ import itertools
 
 import numpy as np
 import pytest
-
 from _workspace import clean_runtime  # noqa: F401
+
 from dpgraph import crf, crf_predict, workspace
 from dpgraph.errors import OperatorError, ShapeError
 from dpgraph.modeling.model_helper import ModelHelper

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from _workspace import clean_runtime  # noqa: F401
+
 from dpgraph import convnet_benchmarks as cb
 from dpgraph import workspace
 

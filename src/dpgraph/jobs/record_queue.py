@@ -32,12 +32,12 @@ class _QueueReader(Reader):
         super().__init__(schema)
         self.blobs_queue = blobs_queue
         self.name = name
+        self._fields = schema.field_names()
 
     def read(self, read_net: Any) -> tuple[Any, Any]:
         with NameScope(read_net.NextName(self.name)):
             status = read_net.NextName()
-            blobs = read_net.SafeDequeueBlobs(
-                self.blobs_queue, self._schema.field_names() + [status])
+            blobs = read_net.SafeDequeueBlobs(self.blobs_queue, self._fields + [status])
             return blobs[-1], blobs[:-1]
 
 
@@ -46,12 +46,13 @@ class _QueueWriter(Writer):
 
     def __init__(self, blobs_queue: Any, schema: Field) -> None:
         self.blobs_queue = blobs_queue
-        self.schema = schema
+        self._schema = schema
 
     def write(self, writer_net: Any, fields: Any) -> Any:
         if isinstance(fields, Field):
             fields = fields.field_blobs()
-        writer_net.CheckDatasetConsistency(fields, [], fields=self.schema.field_names())
+        writer_net.CheckDatasetConsistency(fields, [],
+                                           fields=self._schema.field_names())  # type: ignore[union-attr]
         status = writer_net.NextName()
         writer_net.SafeEnqueueBlobs([self.blobs_queue] + list(fields), list(fields) + [status])
         return status

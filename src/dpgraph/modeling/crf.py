@@ -123,7 +123,7 @@ class CRFWithLoss:
             return f"crf_net/{name}"
 
         step = ModelHelper(name="crf_step", param_model=self.model)
-        input_t, cell_t_prev, _ = step.net.AddExternalInputs(
+        input_t, cell_t_prev, _ = step.net.AddExternalInputs(  # type: ignore[attr-defined]
             ScopedBlobReference("input_t"), ScopedBlobReference("cell_t_prev"), transitions)
         one_segment = step.param_init_net.ConstantFill(
             [], [scoped("zero_segment_id")], value=0, shape=[self.num_classes_padded],

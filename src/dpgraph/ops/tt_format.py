@@ -1,11 +1,11 @@
 """The flat Tensor-Train (TT) core layout the ``TT`` op reads, and the numpy helpers
 Caffe2's ``tt_core`` module offers to build it.
 
-A TT layer stands for a ``[prod(inp_sizes), prod(out_sizes)]`` matrix ``M`` (``Y = X M + b``).  Core ``i`` has ``tt_ranks[i] * inp_sizes[i] * out_sizes[i] *
-tt_ranks[i + 1]`` values; all cores are concatenated into one 1-D float32 array.  The ``TT``
-op multiplies by the core of the LAST factor first, so the array stores the cores from the
-last factor to the first, each laid out ``[inp_sizes[i], tt_ranks[i + 1], tt_ranks[i],
-out_sizes[i]]``.
+A TT layer stands for a ``[prod(inp_sizes), prod(out_sizes)]`` matrix ``M`` (``Y = X M +
+b``). Core ``i`` has ``tt_ranks[i] * inp_sizes[i] * out_sizes[i] * tt_ranks[i + 1]`` values;
+all cores are concatenated into one 1-D float32 array. The ``TT`` op multiplies by the core
+of the LAST factor first, so the array stores the cores from the last factor to the first,
+each laid out ``[inp_sizes[i], tt_ranks[i + 1], tt_ranks[i], out_sizes[i]]``.
 
 * :func:`init_tt_cores`: random cores (orthogonalised left to right, Glorot-style scaled) for
   training a TT layer from scratch, drawn from numpy's global generator seeded with ``seed``.

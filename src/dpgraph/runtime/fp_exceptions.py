@@ -8,7 +8,8 @@ exceptions`` is accepted: numpy stops at the first occurrence in any case.
 
 The executor calls :func:`run_kernel` instead of the kernel while :data:`state` is active:
 it runs the kernel under ``numpy.errstate`` with those conditions set to raise and turns
-numpy's ``FloatingPointError`` into an ``OperatorError`` with Caffe2's message.  Only numpy arithmetic is checked.
+numpy's ``FloatingPointError`` into an ``OperatorError`` with Caffe2's message.  Only numpy
+arithmetic is checked.
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ def set_flag(flag: str, value: str) -> None:
 
 def run_kernel(kernel: Callable[[Any], Any], ctx: Any) -> Any:
     """``kernel(ctx)`` with the enabled floating-point conditions raising."""
-    raising: dict[str, str] = {}
+    raising: dict[str, Any] = {}
     if state.throw_if_fp:
         raising.update(divide="raise", invalid="raise")
     if state.throw_if_overflow:

@@ -18,8 +18,8 @@ from dpgraph.modeling.brew import brew
 from dpgraph.modeling.model_helper import ModelHelper
 from dpgraph.runtime import api as ws_api
 
-_XAVIER = ("XavierFill", {})
-_CONSTANT = ("ConstantFill", {})
+_XAVIER: tuple[str, dict[str, Any]] = ("XavierFill", {})
+_CONSTANT: tuple[str, dict[str, Any]] = ("ConstantFill", {})
 
 # Layer specs: ("conv", name, dim_in, dim_out, kernel, {stride/pad}) -- conv + in-place Relu;
 # ("max"|"avg", name, {kernel/stride/pad}) -- pooling; ("fc", name, dim_in, dim_out, relu).
