@@ -113,7 +113,13 @@ class NetCancelledError(WorkspaceError):
     """A net's run was cancelled (``workspace.C.Net.cancel()``) before it finished."""
 
 
-class QueueClosedError(DpgraphError, RuntimeError):
+class OperatorFailedError(OperatorError):
+    """An operator reported failure without an exception of its own (Caffe2's RunOnDevice
+    returned false: ``Fail``, a queue op on a closed queue). ``RunNet(..., allow_fail=True)``
+    returns False for it; an exception a kernel throws still propagates, as in Caffe2."""
+
+
+class QueueClosedError(OperatorFailedError):
     """A blobs queue was closed while an op waited on it."""
 
 

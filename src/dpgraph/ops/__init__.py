@@ -13,6 +13,7 @@ _FAMILIES = (
     "dataset", "dataset_records", "timer", "compress", "lp_norm", "monitoring", "map_ops",
     "rebatching_queue", "text_file_reader", "unary", "sparse_mask",
     "segment_ids", "metrics", "row_ops", "dot_padding", "space_batch", "norm_mod", "checks_views",
+    "failure",
     "feature_maps", "recsys", "ranking", "histogram",
     "quantize_rowwise", "quantized_lookup", "percentile", "quantize_random",
     "lp_pool", "im2col", "tt", "crf_viterbi",
