@@ -13,10 +13,15 @@ from dpgraph.ops.gradient_builder import GradientBuilder
 
 
 def _operands(ctx: OpContext) -> tuple[Any, Any]:
+    """X and Y as [N, M] and [N, K] row matrices: N is the first dim, the rest is one row (a
+    1-D input is N rows of one value, as in Caffe2)."""
     x, y = (ctx.xp.asarray(v) for v in ctx.inputs[:2])
-    if x.ndim != 2 or y.ndim != 2 or x.shape[0] != y.shape[0]:
-        raise ctx.fail(f"X and Y must be [N, M] and [N, K] with the same N; got "
+    if x.ndim != y.ndim or x.ndim == 0 or x.shape[0] != y.shape[0]:
+        raise ctx.fail(f"X and Y must have the same rank (>= 1) and first dim N; got "
                        f"{tuple(x.shape)} and {tuple(y.shape)}")
+    n = x.shape[0]
+    x = x.reshape(n, x.size // n if n else 0)
+    y = y.reshape(n, y.size // n if n else 0)
     if ctx.int_arg("replicate", 0):
         narrow, wide = sorted((x.shape[1], y.shape[1]))
         if narrow == 0 or wide % narrow:
@@ -62,7 +67,8 @@ def dot_product_with_padding_gradient(ctx: OpContext) -> Outputs:
     width = max(x.shape[1], y.shape[1])
     dx = _narrowed(ctx, d_out * _widened(ctx, y, width), x.shape[1])
     dy = _narrowed(ctx, d_out * _widened(ctx, x, width), y.shape[1])
-    return as_dtype(ctx.xp, dx, x.dtype), as_dtype(ctx.xp, dy, y.dtype)
+    return (as_dtype(ctx.xp, dx, x.dtype).reshape(ctx.inputs[0].shape),
+            as_dtype(ctx.xp, dy, y.dtype).reshape(ctx.inputs[1].shape))
 
 
 @register_gradient("DotProductWithPadding")

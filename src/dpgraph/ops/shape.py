@@ -217,11 +217,12 @@ def _nchw2nhwc_gradient(g: GradientBuilder) -> None:
 
 # --- Concat and Split --------------------------------------------------------------------
 def concat_axis(ctx: OpContext, ndim: int) -> int:
-    """The axis of Concat/Split: ``axis``, else from ``order`` (NHWC: last), default 1."""
+    """The axis of Concat/Split: ``axis``, else from ``order`` (Caffe2's fixed NCHW -> 1,
+    NHWC -> 3, whatever the rank)."""
     if ctx.has_arg("axis"):
         axis = ctx.int_arg("axis")
     else:
-        axis = ndim - 1 if ctx.str_arg("order", "NCHW") == "NHWC" else 1
+        axis = 3 if ctx.str_arg("order", "NCHW") == "NHWC" else 1
     return axis + ndim if axis < 0 else axis
 
 
