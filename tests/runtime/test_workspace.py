@@ -11,6 +11,7 @@ from dpgraph import core, workspace
 from dpgraph.errors import (
     BlobNotFoundError,
     OperatorError,
+    OperatorFailedError,
     UnknownOperatorError,
     WorkspaceError,
 )
@@ -153,6 +154,22 @@ def test_run_net_errors_and_allow_fail() -> None:
     with pytest.raises(OperatorError, match="non-existing input blob: 'x'"):
         workspace.RunNet("rt_fail")
     assert workspace.RunNet("rt_fail", allow_fail=True) is False
+
+
+def test_allow_fail_covers_reported_failures_not_kernel_exceptions() -> None:
+    failing = core.Net("rt_fail_op")
+    failing.Fail([], [])
+    workspace.CreateNet(failing)
+    with pytest.raises(OperatorFailedError, match="Fail"):
+        workspace.RunNet(failing)
+    assert workspace.RunNet(failing, allow_fail=True) is False
+    for op_type in ("ThrowException", "ThrowChildThreadException"):
+        throwing = core.Net(f"rt_{op_type}")
+        getattr(throwing, op_type)([], [], message="boom")
+        workspace.CreateNet(throwing)
+        for allow_fail in (False, True):
+            with pytest.raises(OperatorError, match="boom"):
+                workspace.RunNet(throwing, allow_fail=allow_fail)
 
 
 def test_run_net_once_and_operators() -> None:

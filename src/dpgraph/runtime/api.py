@@ -234,7 +234,9 @@ def CreateNet(net: Any, overwrite: bool = False, input_blobs: Iterable[Any] | No
 
 
 def RunNet(name: Any, num_iter: int = 1, allow_fail: bool = False) -> bool:
-    """Run a created net ``num_iter`` times; with allow_fail a failure returns False."""
+    """Run a created net ``num_iter`` times. With allow_fail, an op reporting failure (``Fail``,
+    a queue op on a closed queue), a cancelled run or a missing input returns False instead of
+    raising; an exception an op's kernel throws still propagates, as in Caffe2."""
     return current().run_net(StringifyNetName(name), num_iter, allow_fail)
 
 

@@ -23,6 +23,7 @@ from dpgraph.errors import (
     BlobNotFoundError,
     DpgraphError,
     NetCancelledError,
+    OperatorFailedError,
     WorkspaceError,
     did_you_mean,
 )
@@ -51,6 +52,12 @@ DeviceKey = tuple[int, int]
 
 class MissingBlobError(BlobNotFoundError, WorkspaceError):
     """A blob is not in the workspace (a KeyError and, as in Caffe2, a RuntimeError)."""
+
+
+# What ``RunNet(..., allow_fail=True)`` turns into False: an op reporting failure (Caffe2's
+# RunOnDevice returning false), a cancelled run, and an input missing at run time (Caffe2
+# refuses that net earlier, at CreateNet). An exception a kernel throws propagates, as in Caffe2.
+_RUN_FAILURES = (OperatorFailedError, NetCancelledError, BlobNotFoundError)
 
 
 class WorkspaceArgumentError(WorkspaceError, TypeError):
@@ -372,7 +379,7 @@ class Workspace:
         try:
             for _ in range(num_iter):
                 instance.run()
-        except Exception:
+        except _RUN_FAILURES:
             if allow_fail:
                 logger.warning("Net %s failed (allow_fail=True)", instance.name, exc_info=True)
                 return False
