@@ -64,3 +64,19 @@ def test_numa_answers_as_caffe2_without_numa() -> None:
     workspace.FeedBlob("empty", np.zeros(0, np.float32))
     with pytest.raises(WorkspaceError, match="no CPU tensor data"):
         workspace.GetBlobNUMANode("empty")
+
+
+def test_global_init_flag_makes_a_net_division_by_zero_raise() -> None:
+    from dpgraph import core
+
+    workspace.FeedBlob("fp_one", np.ones(2, np.float32))
+    workspace.FeedBlob("fp_zero", np.zeros(2, np.float32))
+    net = core.Net("fp_div")
+    net.Div(["fp_one", "fp_zero"], "fp_out")
+    workspace.GlobalInit(["prog", "--caffe2_operator_throw_if_fp_exceptions=1"])
+    with pytest.raises(OperatorError, match="FE_DIVBYZERO"):
+        workspace.RunNetOnce(net)
+    workspace.GlobalInit(["prog", "--caffe2_operator_throw_if_fp_exceptions=0"])
+    with np.errstate(divide="ignore"):
+        assert workspace.RunNetOnce(net)
+    assert np.isinf(workspace.FetchBlob("fp_out")).all()

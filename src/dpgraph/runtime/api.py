@@ -27,6 +27,7 @@ from dpgraph.errors import (
 from dpgraph.ir.blob import BlobReference, blob_name
 from dpgraph.ir.registry import OPERATORS
 from dpgraph.proto import caffe2_pb2
+from dpgraph.runtime import fp_exceptions, numa
 from dpgraph.runtime.serialization import deserialize_blob, serialize_blob
 from dpgraph.runtime.shapes import infer_shapes_and_types
 from dpgraph.runtime.workspace import Workspace, WorkspaceArgumentError, net_name
@@ -348,7 +349,7 @@ _KNOWN_FLAGS = frozenset({
     "caffe2_simple_net_benchmark_run_whole_net", "caffe2_quit_on_unsupported_cpu_feature",
     "caffe2_version", "caffe2_engine",
     "v", "minloglevel", "logtostderr", "alsologtostderr", "stderrthreshold", "log_dir",
-})
+}) | fp_exceptions.FLAGS | {numa.NUMA_FLAG}
 _LOG_LEVELS = {0: logging.INFO, 1: logging.WARNING, 2: logging.ERROR, 3: logging.CRITICAL}
 
 
@@ -375,4 +376,6 @@ def GlobalInit(args: Iterable[str]) -> bool:
                 logging.DEBUG if level < 0 else _LOG_LEVELS.get(level, logging.CRITICAL))
         elif flag in ("caffe2_omp_num_threads", "caffe2_mkl_num_threads") and value:
             os.environ.setdefault("OMP_NUM_THREADS", value)
+        elif flag in fp_exceptions.FLAGS:
+            fp_exceptions.set_flag(flag, value)
     return True

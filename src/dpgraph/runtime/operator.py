@@ -33,7 +33,7 @@ from dpgraph.ir.device import device_key, device_name, effective_device
 from dpgraph.ir.registry import OPERATORS, OpSchema
 from dpgraph.ops.context import REMOVE_BLOB, OpContext
 from dpgraph.proto import caffe2_pb2
-from dpgraph.runtime import devices
+from dpgraph.runtime import devices, fp_exceptions
 
 DeviceKey = tuple[int, int]
 Blobs = dict[str, Any]
@@ -227,6 +227,8 @@ class OpInstance:
             if self.real_gpu:
                 with devices.device_context(key):
                     outs = self.kernel(ctx)
+            elif fp_exceptions.state.active:  # GlobalInit --caffe2_operator_throw_if_fp_*
+                outs = fp_exceptions.run_kernel(self.kernel, ctx)
             else:
                 outs = self.kernel(ctx)
             if outs is None or len(outs) != self.n_out:
