@@ -52,7 +52,12 @@ def test_atomic_iter_is_atomic_under_threads() -> None:
     for t in threads:
         t.join()
     assert counter.tolist() == [800]
+    from dpgraph.ops.stats import GLOBAL_REGISTRY
+
+    stat = b"atomic_iter/stats/it/num_iter"  # Caffe2's exported run counter
+    before = {k: v for k, v, _ in GLOBAL_REGISTRY.publish(reset=False)}.get(stat, 0)
     (bumped,) = run_op(make_op("AtomicIter", ["m", "it"], ["other"]), [mutex, counter])
+    assert {k: v for k, v, _ in GLOBAL_REGISTRY.publish(reset=False)}[stat] == before + 1
     assert bumped.tolist() == [801] and counter.tolist() == [800]
     with pytest.raises(ShapeError, match="mutex"):
         run_op(op, [counter, counter])

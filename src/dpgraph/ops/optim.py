@@ -34,6 +34,7 @@ from dpgraph.ops._common import (
 from dpgraph.ops._sparse_rows import check_indices, check_rows, occurrence_layers, writable
 from dpgraph.ops.context import OpContext, Outputs
 from dpgraph.ops.gradient_builder import GradientBuilder
+from dpgraph.ops.stats import GLOBAL_REGISTRY
 
 
 # --- iteration counters and mutexes ----------------------------------------------------------
@@ -95,6 +96,8 @@ def atomic_iter(ctx: OpContext) -> Outputs:
         raise ctx.fail(f"input 0 must be a mutex made by CreateMutex, got {type(mutex).__name__}")
     counter = _counter(ctx, value)
     with mutex.lock:
+        # Caffe2's exported stat atomic_iter/stats/<iter blob>/num_iter counts the runs
+        GLOBAL_REGISTRY.increment(f"atomic_iter/stats/{ctx.input_name(1)}/num_iter".encode(), 1)
         if ctx.input_name(1) == ctx.output_name(0) and counter.dtype == np.int64:
             counter += 1
             return (counter,)
