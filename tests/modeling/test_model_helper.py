@@ -127,6 +127,9 @@ def test_initializers() -> None:
     assert (init.operator_name, init.operator_kwargs) == ("ConstantFill", {"value": 2.0})
     init = update_initializer(PseudoFP16Initializer, ("MSRAFill", {}), ("ConstantFill", {}))
     assert isinstance(init, PseudoFP16Initializer) and init.operator_name == "MSRAFill"
+    # Caffe2 reads only the first two items (its crf_test passes a third, ignored dict)
+    init = update_initializer(None, ("UniformFill", {"min": -1.0}, {"max": 1.0}), None)
+    assert (init.operator_name, init.operator_kwargs) == ("UniformFill", {"min": -1.0})
     with pytest.raises(ModelError):
         init.update("XavierFill", {})
     info = ParameterInfo(param_id=0, param=core.BlobReference("x"))

@@ -84,13 +84,14 @@ class ReversePseudoFP16Initializer(Initializer):
 def update_initializer(initializer_class: Any, operator_name_and_kwargs: Any,
                        default_operator_name_and_kwargs: Any) -> Any:
     """Instantiate ``initializer_class`` (default :class:`Initializer`) with the given
-    ``(op_name, kwargs)``, or with the default pair when none is given."""
+    ``(op_name, kwargs)``, or with the default pair when none is given. As in Caffe2, items
+    after the first two are ignored."""
     given = operator_name_and_kwargs or default_operator_name_and_kwargs
-    if not (isinstance(given, (tuple, list)) and len(given) == 2 and isinstance(given[0], str)
+    if not (isinstance(given, (tuple, list)) and len(given) >= 2 and isinstance(given[0], str)
             and isinstance(given[1], (dict, Mapping))):  # dict first: no ABC check
         raise ModelConfigError(
             f"An initializer must be an (op_name, kwargs) pair such as ('XavierFill', {{}}) "
             f"or ('ConstantFill', {{'value': 0.0}}), got {given!r}.")
-    op_name, kwargs = given
+    op_name, kwargs = given[0], given[1]
     cls = initializer_class if initializer_class is not None else Initializer
     return cls(op_name, **kwargs)
