@@ -337,6 +337,14 @@ def test_caffe2_cost_formulas(op_type: str, inputs: list, args: dict, outputs: i
     assert tuple(workspace.GetOperatorCost(op, names)) == expected
 
 
+def test_in_place_collectives_keep_their_tensors_shapes() -> None:
+    net = core.Net("gloo")
+    net.Allreduce(["cw", "g1", "g2"], ["g1", "g2"])
+    net.Broadcast(["cw", "p"], ["p"])
+    shapes, _ = workspace.InferShapesAndTypes([net], {"g1": [3, 4], "g2": [5], "p": [2]})
+    assert shapes["g1"] == [3, 4] and shapes["g2"] == [5] and shapes["p"] == [2]
+
+
 def test_every_named_shape_rule_targets_a_registered_op() -> None:
     from dpgraph.ops import shape_fns
 

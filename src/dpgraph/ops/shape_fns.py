@@ -19,6 +19,9 @@ Each function mirrors one Caffe2 schema:
 * ``LearningRate``: the iteration blob's shape (Caffe2's schema copies input 0's shape).
 * ``PadImage``: H and W grown by the pads (``pads``, ``pad`` or ``pad_t/l/b/r``).
 * ``DotProductWithPadding``: [X.dims(0)].
+* Gloo-style collectives (``Allreduce``, ``Broadcast``, ``Reduce``, ``ReduceScatter``):
+  each in-place output keeps its tensor's shape (they have side effects, so no kernel runs
+  during inference, and the blobs would otherwise lose their shapes).
 * Ops whose output sizes are data (``Slice``, ``Tile``, ``Unique``, ``GatherRanges``,
   ``GatherRangesToDense``, ``AddPadding``, ``SparseToDense``, ...): Caffe2's static rules from
   arguments and input shapes, or unknown where Caffe2 could not tell (sizes given as blobs,
@@ -336,6 +339,14 @@ def sparse_to_dense_shape(op: Any, shapes: Sequence[Any], types: Sequence[Any]
     return [((int(shapes[2][0]), *shapes[1][1:]), types[1] or FLOAT)]
 
 
+def after_common_world_shape(op: Any, shapes: Sequence[Any], types: Sequence[Any]
+                             ) -> ShapeResult:
+    """[common_world, X1, X2, ...] -> [Y1, Y2, ...] in place: Yi like Xi.  (Caffe2's schema
+    copied input 0, the common world, which has no shape.)"""
+    return [None if shape is None else (tuple(shape), types[i + 1] or FLOAT)
+            for i, shape in enumerate(shapes[1:len(op.output) + 1])]
+
+
 # --- attachment ------------------------------------------------------------------------------
 #: Ops whose module registered no shape function.
 ADDED: dict[str, ShapeFunction] = {
@@ -348,6 +359,8 @@ ADDED: dict[str, ShapeFunction] = {
     "GatherRanges": gather_ranges_shape, "GatherRangesToDense": gather_ranges_to_dense_shape,
     "AddPadding": add_padding_shape, "BatchOneHot": batch_one_hot_shape,
     "BatchBucketOneHot": batch_bucket_one_hot_shape, "SparseToDense": sparse_to_dense_shape,
+    "Allreduce": after_common_world_shape, "Broadcast": after_common_world_shape,
+    "Reduce": after_common_world_shape, "ReduceScatter": after_common_world_shape,
 }
 
 #: Ops whose module's shape function disagreed with Caffe2's (see the module docstring).
