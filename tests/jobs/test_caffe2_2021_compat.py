@@ -142,7 +142,7 @@ def test_operator_cost_of_conv_and_fc() -> None:
     assert tuple(workspace.GetOperatorCost(fc, ["k_fx", "k_fw"])) == (
         4 * 3 * 13, 4 * 3 * 4, (6 * 7 + 3) * 4)
     with pytest.raises(RuntimeError, match="no cost inference"):
-        workspace.GetOperatorCost(core.CreateOperator("Relu", ["k_fx"], ["k_fr"]), ["k_fx"])
+        workspace.GetOperatorCost(core.CreateOperator("Sigmoid", ["k_fx"], ["k_fr"]), ["k_fx"])
 
 
 def test_immediate_mode_workspace() -> None:

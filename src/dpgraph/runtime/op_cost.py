@@ -227,7 +227,7 @@ COST_FUNCTIONS: dict[str, Callable[..., Cost]] = {
     "FCGradient": _fc_gradient_cost, "FCTransposedGradient": _fc_gradient_cost,
     "Concat": _concat_cost, "Split": _split_cost,
     "Add": _pointwise(1), "Sub": _pointwise(1), "Mul": _pointwise(1), "Div": _pointwise(1),
-    "MulGradient": _pointwise(2), "ReluN": _pointwise(2),
+    "MulGradient": _pointwise(2), "Relu": _pointwise(0), "ReluN": _pointwise(2),
     "LeakyRelu": _pointwise(2), "ThresholdedRelu": _pointwise(2), "Gelu": _pointwise(2),
     "HardSigmoid": _pointwise(4), "SpatialBN": _pointwise(4),
     "Sum": _sum_cost, "WeightedSum": _weighted_sum_cost, "DotProduct": _dot_product_cost,
