@@ -191,3 +191,13 @@ def test_control_flow_argument_errors() -> None:
     with pytest.raises(OperatorError, match="one element"):
         _run_in_workspace(CreateOperator("While", ["c"], [], loop_net=loop_net),
                           {"c": np.array([True, False])})
+
+
+def test_cast_to_string_formats_like_std_to_string() -> None:
+    """Caffe2's Cast to STRING: std::to_string (decimal ints and bools, %f floats), bytes."""
+    op = CreateOperator("Cast", ["x"], ["y"], to=caffe2_pb2.TensorProto.STRING)
+    (floats,) = run_op(op, [np.array([[1.5, 2.0], [-3.25, 0.1]], np.float32)])
+    assert floats.dtype == object and floats.shape == (2, 2)
+    assert floats.tolist() == [[b"1.500000", b"2.000000"], [b"-3.250000", b"0.100000"]]
+    assert run_op(op, [np.array([True, False])])[0].tolist() == [b"1", b"0"]
+    assert run_op(op, [np.array(-7, np.int64)])[0].item() == b"-7"

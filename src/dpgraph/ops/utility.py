@@ -105,7 +105,22 @@ def cast(ctx: OpContext) -> Outputs:
     if not ctx.has_arg("to"):
         raise ArgumentError(ctx.describe("needs the 'to' argument (e.g. to=core.DataType.FLOAT)"))
     dtype = numpy_dtype(parse_dtype(ctx.arg("to"), "Cast 'to'"), "Cast 'to'")
+    if dtype is np.object_:
+        return (_to_strings(ctx),)
     return (ctx.xp.asarray(ctx.inputs[0]).astype(dtype),)
+
+
+def _to_strings(ctx: OpContext) -> np.ndarray:
+    """Cast to STRING as Caffe2's ``std::to_string``: integers and bools in decimal, floats
+    with ``%f`` (six decimals); a string tensor of bytes."""
+    values = np.asarray(to_host(ctx.inputs[0]))
+    if values.dtype.kind not in "biuf":
+        raise ArgumentError(ctx.describe(f"Cast to STRING needs a numeric input, got "
+                                         f"{values.dtype} for {ctx.input_name(0)!r}"))
+    text = (lambda v: b"%f" % v) if values.dtype.kind == "f" else (lambda v: b"%d" % v)
+    out = np.empty(values.shape, dtype=object)
+    out.reshape(-1)[:] = [text(v) for v in values.reshape(-1).tolist()]
+    return out
 
 
 @register_gradient("Cast", copy_arguments=False)
