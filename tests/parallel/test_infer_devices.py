@@ -99,3 +99,17 @@ def test_group_by_device_reads_device_and_name_from_the_first_scope(names: list[
     assert list(got) == list(expected)
     assert {k: list(v.items()) for k, v in got.items()} == \
         {k: list(v.items()) for k, v in expected.items()}
+
+
+def test_blob_device_type_reads_the_full_name_then_the_master_copy() -> None:
+    config = make_config(devices=[2, 3], cpu_device=False, input_builder_fun=lambda m: None,
+                         forward_pass_builder_fun=lambda m, s: [])
+    state = ParallelState(model=None, config=config)
+    ideep = caffe2_pb2.DeviceOption(device_type=caffe2_pb2.PROTO_IDEEP)
+    cpu = caffe2_pb2.DeviceOption(device_type=caffe2_pb2.PROTO_CPU)
+    state.blob_to_device = {"gpu_2/w": ideep, "x": cpu}
+    assert state.blob_device_type("w") == caffe2_pb2.PROTO_IDEEP  # the master's copy
+    assert state.is_ideep_blob("w") and not state.is_gpu_blob("w")
+    assert state.blob_device_type("x") == caffe2_pb2.PROTO_CPU and not state.is_gpu_blob("x")
+    assert state.blob_device_type("unknown") == config.device_type  # no op touches it
+    assert state.is_gpu_blob("unknown") and not state.is_ideep_blob("unknown")

@@ -24,11 +24,14 @@ import numpy as np
 
 from dpgraph.errors import ParallelizeError
 from dpgraph.ir.blob import GradientSlice
+from dpgraph.ir.device import IsGPUDeviceType
 from dpgraph.parallel._emit import device_option, emit_op
 from dpgraph.parallel.state import ParallelState
 from dpgraph.proto import caffe2_pb2
 
 CPU, IDEEP = caffe2_pb2.PROTO_CPU, caffe2_pb2.PROTO_IDEEP
+#: The device options of host copies (device 0), shared: ops copy them, nobody changes them.
+_HOST_OPTIONS = {CPU: device_option(CPU, 0), IDEEP: device_option(IDEEP, 0)}
 
 
 class GradientSliceSyncError(ParallelizeError):
@@ -46,16 +49,18 @@ def broadcast(state: ParallelState, net: Any, name: str, use_nccl: bool = False)
     """Caffe2's ``_Broadcast``: copy the master device's blob ``name`` to the others."""
     group = state.grouped[name]
     master = state.master
-    if use_nccl and state.is_gpu_blob(name):
+    blob_type = state.blob_device_type(name)
+    gpu = IsGPUDeviceType(blob_type)
+    if use_nccl and gpu:
         blobs = list(group.values())
         # no ``root`` argument, as in Caffe2 (the op's default root is input 0)
         emit_op(net, "NCCLBroadcast", blobs, blobs,
                 device_option(state.config.device_type, master))
         return
-    if state.is_gpu_blob(name):
+    if gpu:
         options = [device_option(state.config.device_type, d) for d in state.devices[1:]]
     else:
-        option = device_option(IDEEP if state.is_ideep_blob(name) else CPU, 0)
+        option = _HOST_OPTIONS[IDEEP if blob_type == IDEEP else CPU]  # (only copied from)
         options = [option] * (len(state.devices) - 1)
     source = [group[master]]
     for device, option in zip(state.devices[1:], options):
@@ -158,14 +163,13 @@ def allreduce_single_host(state: ParallelState, names: Sequence[str], net: Any) 
                 f"Each device of {list(state.devices)} should have a copy of {name}; found "
                 f"it on {sorted(group)}."
             )
-        if state.is_gpu_blob(name):
+        blob_type = state.blob_device_type(name)
+        if IsGPUDeviceType(blob_type):
             first = group[state.master]
             if isinstance(first, GradientSlice):
                 _sparse_gpu(state, net, name, concatenated)
             else:
                 _dense_gpu(state, net, name, last_out, pattern)
                 last_out = first
-        elif state.is_ideep_blob(name):
-            _cpu_like(state, net, name, IDEEP)
         else:
-            _cpu_like(state, net, name, CPU)
+            _cpu_like(state, net, name, IDEEP if blob_type == IDEEP else CPU)

@@ -62,22 +62,22 @@ class ParallelState:
     def namescope(self, device: int) -> str:
         return self.config.namescope(device)
 
+    def blob_device_type(self, name: str) -> int:
+        """The device type of a full or stripped blob name (a stripped one: its copy on
+        the master device); the configured type for a blob no op touches."""
+        option = self.blob_to_device.get(name)
+        if option is None:
+            option = self.blob_to_device.get(f"{self.namescope(self.master)}/{name}")
+            if option is None:
+                return self.config.device_type
+        return option.device_type
+
     def is_gpu_blob(self, name: str) -> bool:
         """Caffe2's ``_IsGPUBlob``: the device of a full or stripped blob name."""
-        option = self.blob_to_device.get(name)
-        if option is None:
-            option = self.blob_to_device.get(f"{self.namescope(self.master)}/{name}")
-            if option is None:
-                return IsGPUDeviceType(self.config.device_type)
-        return IsGPUDeviceType(option.device_type)
+        return IsGPUDeviceType(self.blob_device_type(name))
 
     def is_ideep_blob(self, name: str) -> bool:
-        option = self.blob_to_device.get(name)
-        if option is None:
-            option = self.blob_to_device.get(f"{self.namescope(self.master)}/{name}")
-            if option is None:
-                return self.config.device_type == caffe2_pb2.PROTO_IDEEP
-        return option.device_type == caffe2_pb2.PROTO_IDEEP
+        return self.blob_device_type(name) == caffe2_pb2.PROTO_IDEEP
 
 
 def start_attributes(state: ParallelState) -> dict[str, Any]:
