@@ -185,9 +185,24 @@ def test_gather_ranges_to_dense_with_and_without_key() -> None:
     keyed = make_op("GatherRangesToDense", ["D", "R", "K"], ["A", "B"], lengths=[2, 1])
     a, _ = run_op(keyed, [data, ranges, key])
     np.testing.assert_array_equal(a, [[2, 1], [0, 0], [5, 4]])
-    with pytest.raises(ShapeError, match="expected 1 or 0"):
-        run_op(make_op("GatherRangesToDense", ["D", "R"], ["A", "B"], lengths=[2, 1]),
-               [data, np.array([[[0, 2], [0, 2]]])])
+    # a mismatched length gives a zero row; too many of them over the op's life are an error
+    from dpgraph import core, workspace
+
+    workspace.FeedBlob("grd_D", data)
+    workspace.FeedBlob("grd_R", np.array([[[0, 2], [0, 2]]], np.int64))
+    net = core.Net("gather_ranges_lenient")
+    net.GatherRangesToDense(["grd_D", "grd_R"], ["grd_A", "grd_B"], lengths=[2, 1],
+                            min_observation=4, max_mismatched_ratio=0.5)
+    workspace.CreateNet(net)
+    for _ in range(2):  # 1 and 2 mismatches of B, allowed: max(seen, 4) * 0.5 = 2
+        workspace.RunNet(net)
+        np.testing.assert_array_equal(workspace.FetchBlob("grd_B"), [[0]])
+    with pytest.raises(ShapeError, match=r"mismatch for feature at index 1 .*\(3/3\).*\[2\]"):
+        workspace.RunNet(net)
+    strict = make_op("GatherRangesToDense", ["D", "R"], ["A", "B"], lengths=[2, 1],
+                     max_empty_ratio=0.1, min_observation=1)
+    with pytest.raises(ShapeError, match="empty ranges for feature at index 0"):
+        run_op(strict, [data, ranges])
 
 
 # --- id lists, blocks, masks -----------------------------------------------------------------

@@ -409,11 +409,28 @@ def gather_ranges(ctx: OpContext) -> Outputs:
     return data[rows], lens.reshape(lens.shape[0], -1).sum(axis=1).astype(np.int32)
 
 
+#: Per-instance key (in the op's own argument dict) of GatherRangesToDense's lifetime counters.
+_RANGE_COUNTS = "\0gather_ranges_counts"
+
+
+class _RangeCounts:
+    """Ranges seen, and empty / mismatched ranges per output, over an op instance's life."""
+
+    def __init__(self, outputs: int) -> None:
+        self.total = 0
+        self.empty = np.zeros(outputs, np.int64)
+        self.mismatched = np.zeros(outputs, np.int64)
+        self.bad_lengths: list[set[int]] = [set() for _ in range(outputs)]
+
+
 @register_op("GatherRangesToDense", inputs=(2, 3), outputs=(1, None))
 def gather_ranges_to_dense(ctx: OpContext) -> Outputs:
     """[data, ranges (B × J × 2), key?] -> J dense outputs (B × lengths[j]).
 
-    Empty ranges give zero rows; with ``key`` each range's values are ordered by key.
+    Empty ranges and ranges whose length is not ``lengths[j]`` give zero rows; with ``key``
+    each range's values are ordered by key. Over the op's life, more than
+    ``max(seen, min_observation) * max_mismatched_ratio`` mismatched (or ``max_empty_ratio``
+    empty) ranges of one output is an error, as in Caffe2.
     """
     data = host(ctx.inputs[0])
     starts, lens = _ranges(ctx, ctx.inputs[1], data.size)
@@ -421,6 +438,8 @@ def gather_ranges_to_dense(ctx: OpContext) -> Outputs:
     if starts.ndim != 2 or len(widths) != starts.shape[1] or ctx.num_outputs != len(widths):
         raise ctx.fail(f"ranges {starts.shape + (2,)} need one 'lengths' entry and one output "
                        "per range column")
+    if not widths or min(widths) <= 0:
+        raise ctx.fail(f"'lengths' must be positive, one per output; got {widths}")
     flat_starts, flat_lens = starts.reshape(-1), lens.reshape(-1)
     gathered = _ranges_index(flat_starts, flat_lens)
     if ctx.num_inputs > 2:
@@ -430,17 +449,42 @@ def gather_ranges_to_dense(ctx: OpContext) -> Outputs:
     range_offsets = _offsets(flat_lens).reshape(lens.shape)
     outs = []
     for j, width in enumerate(widths):
-        col_lens = lens[:, j]
-        bad = (col_lens != 0) & (col_lens != width)
-        if bad.any():
-            raise ctx.fail(f"range column {j} has lengths {col_lens[bad].tolist()}, expected "
-                           f"{width} or 0")
         out = np.zeros((starts.shape[0], width), data.dtype)
-        full = col_lens == width
+        full = lens[:, j] == width
         idx = range_offsets[full, j][:, None] + np.arange(width)[None, :]
         out[full] = data[gathered[idx]]
         outs.append(out)
+    _check_range_ratios(ctx, lens, widths)
     return outs
+
+
+def _check_range_ratios(ctx: OpContext, lens: np.ndarray, widths: list[int]) -> None:
+    counts = ctx.args.get(_RANGE_COUNTS)
+    if counts is None:
+        counts = ctx.args[_RANGE_COUNTS] = _RangeCounts(len(widths))
+    min_observation = ctx.int_arg("min_observation", 10000)
+    if min_observation <= 0:
+        raise ctx.fail(f"'min_observation' must be at least 1, got {min_observation}")
+    counts.total += lens.shape[0]
+    for j, width in enumerate(widths):
+        col = lens[:, j]
+        bad = (col != 0) & (col != width)
+        counts.empty[j] += int((col == 0).sum())
+        counts.mismatched[j] += int(bad.sum())
+        counts.bad_lengths[j].update(int(v) for v in np.unique(col[bad]))
+    allowed = max(counts.total, min_observation)
+    limits = (("range length mismatch", counts.mismatched,
+               ctx.float_arg("max_mismatched_ratio", 0.01)),
+              ("empty ranges", counts.empty, ctx.float_arg("max_empty_ratio", 1.0)))
+    for label, seen, ratio in limits:
+        if ratio >= 1.0:
+            continue
+        for j in np.flatnonzero(seen > allowed * ratio):
+            detail = (f"; the incorrect lengths include {sorted(counts.bad_lengths[j])}"
+                      if label.startswith("range") else "")
+            raise ctx.fail(f"ratio of {label} for feature at index {j} is "
+                           f"{seen[j] / counts.total:.4g} ({seen[j]}/{counts.total}), which "
+                           f"exceeds {ratio}{detail}")
 
 
 # --- MergeIdLists / RemoveDataBlocks / BooleanUnmask -----------------------------------------
