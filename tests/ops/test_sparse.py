@@ -269,6 +269,11 @@ def test_batch_sparse_to_dense_and_back() -> None:
     ops, _ = build_gradient(op, ["O_grad"])
     assert summary(ops) == [("BatchDenseToSparse", ["L", "I", "O_grad"], ["V_grad"])]
     check_gradient(op, [lengths, idx, values], inputs_to_check=[2])
+    back = make_op("BatchDenseToSparse", ["L", "I", "D"], ["V"])
+    np.testing.assert_array_equal(run_op(back, [lengths, idx, dense])[0], values)
+    ops, _ = build_gradient(back, ["V_grad"])
+    assert summary(ops) == [("BatchSparseToDense", ["L", "I", "V_grad", "D"], ["D_grad"])]
+    check_gradient(back, [lengths, idx, dense], inputs_to_check=[2])
 
 
 def test_shape_functions() -> None:

@@ -789,6 +789,12 @@ def batch_dense_to_sparse(ctx: OpContext) -> Outputs:
     return (dense[seg, cols],)
 
 
+@register_gradient("BatchDenseToSparse")
+def _batch_dense_to_sparse_grad(g: GradientBuilder) -> None:
+    """Caffe2's: scatter the values' gradient back into DENSE's shape (zeros elsewhere)."""
+    g.add("BatchSparseToDense", [g.I(0), g.I(1), g.GO(0), g.I(2)], [g.GI(2)])
+
+
 # --- LengthsMax --------------------------------------------------------------------------------
 @register_op("LengthsMax", inputs=2, outputs=1, shape=_lengths_shape)
 def lengths_max(ctx: OpContext) -> Outputs:
