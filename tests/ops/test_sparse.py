@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import dpgraph.ops  # noqa: F401  (registers every op family)
-from dpgraph.errors import ShapeError
+from dpgraph.errors import OperatorError, ShapeError
 from dpgraph.ir.blob import GradientSlice
 from dpgraph.ops.gradient_builder import build_gradient, make_op
 from dpgraph.ops.testing import check_gradient, run_op
@@ -245,6 +245,29 @@ def test_sequence_mask_modes_and_gradient() -> None:
     assert summary(ops) == [("SequenceMask", ["Y_grad", "L"], ["X_grad"])]
     assert [a.name for a in ops[0].arg] == ["mode", "fill_val", "grad"]
     check_gradient(op, [x, np.array([1, 2, 3], np.int32)], inputs_to_check=[0])
+
+
+def test_sequence_mask_batch_and_repeat_from_axis() -> None:
+    x = RNG.standard_normal((2, 3, 4))
+    lens = np.array([1, 4, 0], np.int32)
+    batched = make_op("SequenceMask", ["X", "L"], ["Y"], mode="sequence", axis=2, batch=0,
+                      fill_val=9.0)
+    (y,) = run_op(batched, [x, lens])  # each of the 2 blocks masked as a 3 x 4 matrix
+    keep = np.arange(4)[None, :] < lens[:, None]
+    np.testing.assert_array_equal(y, np.where(keep[None], x, 9.0))
+    (lower,) = run_op(make_op("SequenceMask", ["X"], ["Y"], mode="lower", axis=2, batch=0,
+                              fill_val=0.0), [x])
+    np.testing.assert_array_equal(lower, np.triu(x))
+    repeated = make_op("SequenceMask", ["X", "L"], ["Y"], mode="sequence", axis=1,
+                       repeat_from_axis=-1, fill_val=0.0)
+    (r,) = run_op(repeated, [x, np.array([2, 0], np.int32)])  # rows of 3 x 4 blocks
+    np.testing.assert_array_equal(r[0, :2], x[0, :2])
+    assert not r[0, 2:].any() and not r[1].any()
+    check_gradient(batched, [x, lens], inputs_to_check=[0])
+    with pytest.raises((ShapeError, OperatorError), match="Out of bound"):
+        run_op(batched, [x, lens[:2]])
+    with pytest.raises((ShapeError, OperatorError), match="must come before axis"):
+        run_op(make_op("SequenceMask", ["X", "L"], ["Y"], axis=1, batch=1), [x, lens])
 
 
 def test_batch_bucket_one_hot() -> None:

@@ -683,9 +683,10 @@ def _sequence_keep(ctx: OpContext, left: int, right: int) -> Any:
     rows = np.arange(left)[:, None]
     if mode == "sequence":
         lens = _int_array(ctx.inputs[1])
-        if lens.size != left:
-            raise ctx.fail(f"sequence_lengths has {lens.size} entries, expected {left}")
-        return cols < lens[:, None]
+        if lens.size < left:  # Caffe2 reads one length per masked row ("Out of bound.")
+            raise ctx.fail(f"Out of bound: sequence_lengths has {lens.size} entries, the "
+                           f"masked view has {left} rows")
+        return cols < lens[:left, None]
     if mode == "window":
         centers = _int_array(ctx.inputs[1])
         radius = ctx.int_arg("radius", 10)
@@ -698,19 +699,51 @@ def _sequence_keep(ctx: OpContext, left: int, right: int) -> Any:
     return ~triangles[mode]
 
 
+def _mask_axis(ctx: OpContext, name: str, default: int, ndim: int) -> int:
+    value = ctx.int_arg(name, default)
+    axis = value + ndim if value < 0 else value
+    if not 0 <= axis < max(ndim, 1):
+        raise ctx.fail(f"{name}={value} is out of range for a {ndim}-D input")
+    return axis
+
+
+def _mask_view(ctx: OpContext, shape: tuple[int, ...]) -> tuple[int, int, int, int]:
+    """``(blocks, rows, cols, repeat)``: the input seen as [blocks, rows, cols, repeat]; the
+    mask is a [rows, cols] pattern applied to every block and repeated entry.  ``batch``
+    makes dims 0..batch the blocks; ``repeat_from_axis`` (sequence mode) repeats the mask over
+    the trailing dims from that axis."""
+    size = lambda dims: int(np.prod(dims, dtype=np.int64))  # noqa: E731
+    axis = _mask_axis(ctx, "axis", 1, len(shape))
+    blocks, start = 1, 0
+    if ctx.has_arg("batch"):
+        batch = _mask_axis(ctx, "batch", 0, len(shape))
+        if batch >= axis:
+            raise ctx.fail(f"batch ({batch}) must come before axis ({axis})")
+        blocks, start = size(shape[:batch + 1]), batch + 1
+    rows, cols, repeat = size(shape[start:axis]), size(shape[axis:]), 1
+    if ctx.has_arg("repeat_from_axis") and ctx.str_arg("mode", "sequence") == "sequence":
+        if ctx.has_arg("batch"):
+            raise ctx.fail("repeat_from_axis is only supported without the batch argument")
+        repeat = size(shape[_mask_axis(ctx, "repeat_from_axis", -1, len(shape)):])
+        cols = cols // repeat if repeat else 0
+    return blocks, rows, cols, repeat
+
+
 @register_op("SequenceMask", inputs=(1, 2), outputs=1)
 def sequence_mask(ctx: OpContext) -> Outputs:
     """[input(, lengths or window centers)] -> input with masked entries set to fill_val.
 
-    The input is viewed as [prod(dims[:axis]), prod(dims[axis:])]; ``grad=1`` fills with 0.
+    The input is viewed as [prod(dims[:axis]), prod(dims[axis:])] (with ``batch``: each of
+    the prod(dims[:batch + 1]) blocks as [prod(dims[batch + 1:axis]), prod(dims[axis:])]);
+    ``grad=1`` fills with 0.
     """
     x = np.asarray(ctx.inputs[0])
-    axis = ctx.int_arg("axis", 1)
-    left = int(np.prod(x.shape[:axis], dtype=np.int64))
-    x2 = x.reshape(left, -1) if left else x.reshape(0, int(np.prod(x.shape[axis:])))
-    keep = _sequence_keep(ctx, left, x2.shape[1])
+    blocks, rows, cols, repeat = _mask_view(ctx, x.shape)
+    keep = _sequence_keep(ctx, rows, cols)
     fill = 0.0 if ctx.int_arg("grad", 0) else ctx.float_arg("fill_val", -np.inf)
-    return (np.where(keep, x2, np.asarray(fill, dtype=x.dtype)).reshape(x.shape),)
+    view = x.reshape(blocks, rows, cols, repeat)
+    out = np.where(keep[None, :, :, None], view, np.asarray(fill, dtype=x.dtype))
+    return (out.reshape(x.shape),)
 
 
 @register_gradient("SequenceMask", copy_arguments=False)
