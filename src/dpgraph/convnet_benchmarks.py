@@ -1,15 +1,15 @@
 """Caffe2's ``convnet_benchmarks`` module: the convnet benchmark models and their driver."""
 
-from dpgraph.modeling.zoo.convnet_benchmarks import (
+from dpgraph.modeling.zoo.convnet_benchmarks import (  # noqa: F401  (Caffe2's module names)
     MLP,
     MODELS,
+    VGGA,
     AddParameterUpdate,
     AlexNet,
     Benchmark,
     GetArgumentParser,
     Inception,
     OverFeat,
-    VGGA,
     _InceptionModule,
     main,
 )

@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from dpgraph.ops.gradient_builder import GradientBuilder
 from dpgraph.ir.registry import register_gradient, register_op
 from dpgraph.ops._common import host
 from dpgraph.ops.context import OpContext, Outputs
 from dpgraph.ops.fill import no_gradient
+from dpgraph.ops.gradient_builder import GradientBuilder
 
 
 # --- TT -----------------------------------------------------------------------------------
