@@ -154,6 +154,7 @@ def test_relu_fast_path_in_place_only_where_the_op_is() -> None:
     np.testing.assert_array_equal(view, kept_view)  # a view is never written
 
 
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")  # the -inf case's NaN
 @pytest.mark.parametrize("case", ["plain", "big_logits", "neg_inf_logit", "int64_labels",
                                   "column_labels", "scaled"])
 def test_softmax_with_loss_fast_path_matches_general_path(
