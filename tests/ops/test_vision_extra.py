@@ -197,3 +197,32 @@ def test_bbox_transform_divides_by_scale_even_without_apply_scale() -> None:
     np.testing.assert_allclose(kept, [[10, 20, 30, 40]], atol=1e-4)
     unscaled = _bbox(rois, zero, im_info, legacy_plus_one=1, apply_scale=0)
     np.testing.assert_allclose(unscaled, [[5, 10, 15, 20]], atol=1e-4)
+
+
+def _nms_op(outputs: int = 3, **args):
+    names = ["scores", "boxes", "classes", "splits", "keeps", "keeps_size"][:outputs]
+    return CreateOperator("BoxWithNMSLimit", ["S", "B", "BS"][:2 + ("splits" in args)],
+                          names, **{k: v for k, v in args.items() if k != "splits"})
+
+
+def test_box_with_nms_limit_background_layouts() -> None:
+    box = np.array([[0, 0, 10, 10], [1, 1, 10, 10], [50, 50, 60, 60]], np.float32)
+    fg = np.array([[0.9, 0.2], [0.8, 0.7], [0.3, 0.6]], np.float32)  # 2 foreground classes
+    bg = np.full((3, 1), 0.5, np.float32)
+    # boxes without the background block, scores with background last
+    scores = np.concatenate([fg, bg], axis=1)
+    boxes = np.tile(box, (1, 2))
+    op = _nms_op(6, nms=0.5, score_thresh=0.25, input_boxes_include_bg_cls=0,
+                 output_classes_include_bg_cls=0)
+    out_s, out_b, out_c, splits, keeps, sizes = run_op(op, [scores, boxes])
+    assert out_s.tolist() == pytest.approx([0.9, 0.3, 0.7, 0.6])
+    assert out_c.tolist() == [0, 0, 1, 1] and splits.tolist() == [4.0]
+    np.testing.assert_array_equal(out_b, box[[0, 2, 1, 2]])
+    assert keeps.tolist() == [0, 2, 1, 2] and sizes.tolist() == [[0, 2, 2]]
+    # class-agnostic boxes with the background score column first, per-class top-N limit
+    scores_bg_first = np.concatenate([bg, fg], axis=1)
+    op = _nms_op(3, nms=0.5, score_thresh=0.25, cls_agnostic_bbox_reg=1, detections_per_im=1)
+    out_s, out_b, out_c = run_op(op, [scores_bg_first, box])
+    assert out_s.tolist() == pytest.approx([0.9]) and out_c.tolist() == [1.0]
+    with pytest.raises(Exception, match="columns"):
+        run_op(_nms_op(3), [scores_bg_first, np.tile(box, (1, 2))])

@@ -357,71 +357,123 @@ def bbox_transform(ctx: OpContext) -> Outputs:
 
 
 # --- BoxWithNMSLimit -------------------------------------------------------------------------
-def _nms(boxes: np.ndarray, scores: np.ndarray, threshold: float) -> np.ndarray:
-    """Greedy NMS (areas with Caffe2's +1); kept indices by decreasing score."""
+def _nms(boxes: np.ndarray, scores: np.ndarray, threshold: float, top_n: int = -1,
+         plus_one: float = 1.0) -> np.ndarray:
+    """Greedy NMS (``plus_one``: Caffe2's legacy +1 in widths); kept indices by decreasing
+    score, at most ``top_n`` when it is >= 0."""
     order = np.argsort(-scores, kind="stable")
-    areas = (boxes[:, 2] - boxes[:, 0] + 1) * (boxes[:, 3] - boxes[:, 1] + 1)
-    keep = []
-    while order.size:
+    areas = (boxes[:, 2] - boxes[:, 0] + plus_one) * (boxes[:, 3] - boxes[:, 1] + plus_one)
+    keep: list[int] = []
+    while order.size and (top_n < 0 or len(keep) < top_n):
         i, rest = order[0], order[1:]
-        keep.append(i)
+        keep.append(int(i))
         w = np.maximum(0.0, np.minimum(boxes[i, 2], boxes[rest, 2])
-                       - np.maximum(boxes[i, 0], boxes[rest, 0]) + 1)
+                       - np.maximum(boxes[i, 0], boxes[rest, 0]) + plus_one)
         h = np.maximum(0.0, np.minimum(boxes[i, 3], boxes[rest, 3])
-                       - np.maximum(boxes[i, 1], boxes[rest, 1]) + 1)
+                       - np.maximum(boxes[i, 1], boxes[rest, 1]) + plus_one)
         inter = w * h
         overlap = inter / (areas[i] + areas[rest] - inter)
         order = rest[overlap <= threshold]
     return np.array(keep, np.int64)
 
 
-def _nms_image(ctx: OpContext, scores: np.ndarray, boxes: np.ndarray) -> list[np.ndarray]:
+class _NMSLayout:
+    """Where class ``j`` (0 = background) reads its scores and boxes, and the class id it
+    outputs (Caffe2's cls_agnostic_bbox_reg, input_boxes_include_bg_cls and
+    output_classes_include_bg_cls)."""
+
+    def __init__(self, ctx: OpContext, num_classes: int, box_cols: int) -> None:
+        self.with_bg = bool(ctx.int_arg("input_boxes_include_bg_cls", 1))
+        self.agnostic = bool(ctx.int_arg("cls_agnostic_bbox_reg", 0))
+        self.out_bg = bool(ctx.int_arg("output_classes_include_bg_cls", 1))
+        expected = 4 * (self.box_block(num_classes - 1) + 1)
+        if box_cols == 4 and expected != 4:
+            self.agnostic = True  # dpgraph also accepts R×4 boxes without the flag
+        elif box_cols != expected:
+            raise ctx.fail(f"boxes have {box_cols} columns, expected {expected} for "
+                           f"{num_classes} score columns")
+
+    def box_block(self, j: int) -> int:
+        return 0 if self.agnostic else (j if self.with_bg else j - 1)
+
+    def score_col(self, j: int) -> int:
+        return j - 1 + int(self.with_bg)
+
+    def out_class(self, j: int) -> int:
+        return j - int(not self.out_bg)
+
+
+def _nms_image(ctx: OpContext, layout: _NMSLayout, scores: np.ndarray,
+               boxes: np.ndarray) -> list[np.ndarray]:
     """Per class (skipping background 0): kept row indices after threshold, NMS and limit."""
     num_classes = scores.shape[1]
     threshold, nms = ctx.float_arg("score_thresh", 0.05), ctx.float_arg("nms", 0.3)
-    agnostic = boxes.shape[1] == 4
+    limit = ctx.int_arg("detections_per_im", 100)
+    plus_one = float(ctx.int_arg("legacy_plus_one", 1))
     keeps = [np.zeros(0, np.int64)]
     for j in range(1, num_classes):
-        rows = np.flatnonzero(scores[:, j] > threshold)
-        cls_boxes = boxes[rows, :4] if agnostic else boxes[rows, 4 * j:4 * j + 4]
-        keeps.append(rows[_nms(cls_boxes, scores[rows, j], nms)])
-    limit = ctx.int_arg("detections_per_im", 100)
+        col = scores[:, layout.score_col(j)]
+        rows = np.flatnonzero(col > threshold)
+        block = 4 * layout.box_block(j)
+        kept = _nms(boxes[rows, block:block + 4], col[rows], nms, limit if limit > 0 else -1,
+                    plus_one)
+        keeps.append(rows[kept])
     total = sum(k.size for k in keeps)
     if 0 < limit < total:
         cls = np.concatenate([np.full(k.size, j) for j, k in enumerate(keeps)])
         rows = np.concatenate(keeps)
-        best = np.argsort(-scores[rows, cls], kind="stable")[:limit]
+        cols = np.array([layout.score_col(j) for j in cls], np.int64)
+        best = np.argsort(-scores[rows, cols], kind="stable")[:limit]
         keeps = [rows[best[cls[best] == j]] for j in range(num_classes)]
     return keeps
 
 
+def _as_2d(ctx: OpContext, value: Any, what: str) -> np.ndarray:
+    x = host(value)
+    if x.ndim == 4 and x.shape[2:] == (1, 1):
+        x = x.reshape(x.shape[:2])
+    if x.ndim != 2:
+        raise ctx.fail(f"{what} must be 2-D (or N×C×1×1), got shape {x.shape}")
+    return x.astype(np.float32)
+
+
 @register_op("BoxWithNMSLimit", inputs=(2, 3), outputs=(3, 6))
 def box_with_nms_limit(ctx: OpContext) -> Outputs:
-    """[scores (R×C), boxes (R×4C), batch_splits?] -> [scores, boxes (n×4), classes
-    (, batch_splits, keeps, keeps_size)]: per-class NMS with a per-image detection limit."""
+    """[scores (R×C), boxes (R×4C; R×4 with cls_agnostic_bbox_reg; R×4(C-1) without
+    input_boxes_include_bg_cls), batch_splits?] -> [scores, boxes (n×4), classes
+    (, batch_splits, keeps, keeps_size)]: per-class NMS (legacy_plus_one) with a per-image
+    detection limit; keeps are row indices within each image."""
     if ctx.int_arg("soft_nms_enabled", 0) or ctx.int_arg("rotated", 0):
         raise NotSupportedError(ctx.describe("soft NMS and rotated boxes are not supported"))
-    scores = host(ctx.inputs[0]).astype(np.float32)
-    boxes = host(ctx.inputs[1]).astype(np.float32)
-    if boxes.shape[1] not in (4, 4 * scores.shape[1]) or boxes.shape[0] != scores.shape[0]:
-        raise ctx.fail(f"boxes {boxes.shape} must be R×4 or R×4C for scores {scores.shape}")
-    splits = (host(ctx.inputs[2]).astype(np.int64) if ctx.num_inputs > 2
+    scores = _as_2d(ctx, ctx.inputs[0], "scores")
+    boxes = _as_2d(ctx, ctx.inputs[1], "boxes")
+    if boxes.shape[0] != scores.shape[0]:
+        raise ctx.fail(f"boxes {boxes.shape} and scores {scores.shape} differ in rows")
+    layout = _NMSLayout(ctx, scores.shape[1], boxes.shape[1])
+    splits = (host(ctx.inputs[2]).reshape(-1).astype(np.int64) if ctx.num_inputs > 2
               else np.array([scores.shape[0]]))
-    out_scores, out_boxes, out_classes, out_keeps, counts, sizes = [], [], [], [], [], []
+    if int(splits.sum()) != scores.shape[0]:
+        raise ctx.fail(f"batch_splits sum to {int(splits.sum())}, expected {scores.shape[0]}")
+    out_scores: list[np.ndarray] = [np.zeros(0, np.float32)]
+    out_boxes: list[np.ndarray] = [np.zeros((0, 4), np.float32)]
+    out_classes: list[np.ndarray] = [np.zeros(0, np.float32)]
+    out_keeps: list[np.ndarray] = [np.zeros(0, np.int64)]
+    counts, sizes = [], []
     start = 0
     for size in splits:
         sl = slice(start, start + int(size))
-        keeps = _nms_image(ctx, scores[sl], boxes[sl])
-        for j, rows in enumerate(keeps):
-            out_scores.append(scores[sl][rows, j])
-            cols = slice(0, 4) if boxes.shape[1] == 4 else slice(4 * j, 4 * j + 4)
-            out_boxes.append(boxes[sl][rows, cols])
-            out_classes.append(np.full(rows.size, j, np.float32))
-            out_keeps.append(rows + start)
+        keeps = _nms_image(ctx, layout, scores[sl], boxes[sl])
+        for j, rows in enumerate(keeps[1:], start=1):  # class 0 (background) keeps none
+            out_scores.append(scores[sl][rows, layout.score_col(j)])
+            block = 4 * layout.box_block(j)
+            out_boxes.append(boxes[sl][rows, block:block + 4])
+            out_classes.append(np.full(rows.size, layout.out_class(j), np.float32))
+            out_keeps.append(rows)
         counts.append(sum(k.size for k in keeps))
         sizes.append([k.size for k in keeps])
         start += int(size)
-    outs = [np.concatenate(out_scores), np.concatenate(out_boxes).reshape(-1, 4),
+    outs = [np.concatenate(out_scores).astype(np.float32),
+            np.concatenate(out_boxes).reshape(-1, 4).astype(np.float32),
             np.concatenate(out_classes), np.array(counts, np.float32),
             np.concatenate(out_keeps).astype(np.int32),
             np.array(sizes, np.int32).reshape(len(splits), scores.shape[1])]
