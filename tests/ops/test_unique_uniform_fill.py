@@ -40,3 +40,11 @@ def test_unique_uniform_fill_exhausts_small_range_and_checks_args() -> None:
     with pytest.raises(Exception, match="INT32 or INT64"):
         run_op(CreateOperator("UniqueUniformFill", [], ["Y"], shape=[1], min=0, max=3,
                               dtype=TensorProto.FLOAT), [])
+
+
+def test_byte_string_to_uint8_fill_keeps_every_byte() -> None:
+    data = np.array([0, 127, 128, 200, 255], np.uint8)
+    op = CreateOperator("GivenTensorByteStringToUInt8Fill", [], ["Y"], shape=[5],
+                        values=[data.tobytes()])
+    (y,) = run_op(op, [])
+    assert y.dtype == np.uint8 and y.tolist() == data.tolist()

@@ -328,7 +328,8 @@ def _given_fill(ctx: OpContext, dtype: Any) -> Any:
         values[:] = [v.encode() if isinstance(v, str) else v for v in raw]
     elif dtype is np.uint8 and raw and isinstance(raw[0], (bytes, str)):
         # GivenTensorByteStringToUInt8Fill: one string holding the tensor's bytes.
-        data = b"".join(v.encode("latin-1") if isinstance(v, str) else v for v in raw)
+        data = b"".join(v.encode("utf-8", "surrogateescape") if isinstance(v, str) else v
+                        for v in raw)  # the argument's stored bytes, as decoded
         values = np.frombuffer(data, dtype=np.uint8).copy()
     else:
         values = np.asarray(raw, dtype=dtype)
