@@ -217,7 +217,8 @@ _ALLOWED = {
     "ops/__init__.py": {"import_module("},  # dpgraph's fixed op family names
     "collectives/registry.py": {"import_module("},  # modules registered in code
     "parallel/plan/command.py": {"import_module("},  # the CLI's module:attr argument
-    "compat/caffe2.py": {"import_module("},  # the caffe2.python alias (dpgraph modules)
+    # the caffe2.python alias (dpgraph modules) and its runner's -c CODE (as python -c)
+    "compat/caffe2.py": {"import_module(", "exec("},
 }
 
 
