@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from dpgraph.errors import ArgumentError
+from dpgraph.errors import ArgumentError, ResourceLimitError, ShapeError
 from dpgraph.ir.arguments import arguments_dict
 from dpgraph.ir.proto_io import check_tensor_size
 from dpgraph.ir.registry import register_gradient, register_op
@@ -81,7 +81,10 @@ def fill_shape(ctx: OpContext, itemsize: int = 4) -> tuple[int, ...]:
         raise ArgumentError(ctx.describe(
             f"{source} gives the negative dimension(s) {list(shape)}; every dimension must be "
             ">= 0"))
-    check_tensor_size(shape, itemsize, ctx.describe("output"))
+    try:
+        check_tensor_size(shape, itemsize, "output")
+    except (ShapeError, ResourceLimitError) as error:  # the op's description only when needed
+        raise type(error)(ctx.describe(str(error))) from None
     return shape
 
 
