@@ -467,7 +467,8 @@ def _from_nchw(y: Any, order: str) -> Any:
     return y if order == "NCHW" else y.transpose(0, 2, 3, 1)
 
 
-def _roi_align_shape(op: Any, shapes: list, types: list) -> list:
+def roi_align_shape(op: Any, shapes: list, types: list) -> list:
+    """[R, C, pooled_h, pooled_w] (NHWC: [R, pooled_h, pooled_w, C]) for X and R boxes."""
     if shapes[0] is None or shapes[1] is None or len(shapes[0]) != 4:
         return [None]
     args = arguments_dict(op.arg)
@@ -478,7 +479,7 @@ def _roi_align_shape(op: Any, shapes: list, types: list) -> list:
     return [((r, shapes[0][1], ph, pw), types[0] or FLOAT)]
 
 
-@register_op("RoIAlign", inputs=2, outputs=1, shape=_roi_align_shape)
+@register_op("RoIAlign", inputs=2, outputs=1, shape=roi_align_shape)
 def roi_align(ctx: OpContext) -> Outputs:
     """[X (N, C, H, W), RoIs (R x 5: batch, x1, y1, x2, y2; or R x 4)] -> Y
     (R, C, pooled_h, pooled_w): bilinear RoI pooling averaging sampling_ratio^2 points per

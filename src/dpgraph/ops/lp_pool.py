@@ -15,17 +15,11 @@ from dpgraph.ir.registry import register_gradient, register_op
 from dpgraph.ops import _conv_util as cu
 from dpgraph.ops.context import OpContext, Outputs
 from dpgraph.ops.gradient_builder import GradientBuilder
-from dpgraph.ops.nn import _pool_grad_shape, _pool_shape
+from dpgraph.ops.nn import _pool_grad_shape, _pool_setup, _pool_shape
 
 
 def _setup(ctx: OpContext, x: Any) -> tuple[str, Any, cu.Geometry, float]:
-    order = cu.check_order(ctx)
-    if x.ndim < 3:
-        raise ctx.fail(f"LpPool needs an input with spatial dims, got shape {x.shape}")
-    xc = cu.channel_first(x, order)
-    geom = cu.parse_geometry(ctx, xc.shape[2:], pooling=True)
-    if any(o < 1 for o in geom.out_shape(xc.shape[2:])) and xc.size:
-        raise ctx.fail(f"kernel {geom.kernel} is larger than the padded input {x.shape}")
+    order, xc, geom = _pool_setup(ctx, x)
     return order, xc, geom, ctx.float_arg("p", 2.0)
 
 

@@ -16,10 +16,10 @@ from typing import Any
 
 import numpy as np
 
-from dpgraph.ir.arguments import arguments_dict
 from dpgraph.ir.registry import register_gradient, register_op
-from dpgraph.ops._common import FLOAT, like_inputs
+from dpgraph.ops._common import like_inputs
 from dpgraph.ops.context import OpContext, Outputs
+from dpgraph.ops.detection import roi_align_shape
 from dpgraph.ops.gradient_builder import GradientBuilder
 
 _F = np.float32
@@ -109,18 +109,7 @@ def _from_nchw(y: np.ndarray, order: str) -> np.ndarray:
     return y if order == "NCHW" else np.ascontiguousarray(y.transpose(0, 2, 3, 1))
 
 
-def _shape(op: Any, shapes: list, types: list) -> list:
-    if shapes[0] is None or shapes[1] is None or len(shapes[0]) != 4:
-        return [None]
-    args = arguments_dict(op.arg)
-    ph, pw = int(args.get("pooled_h", 1)), int(args.get("pooled_w", 1))
-    r = shapes[1][0]
-    if args.get("order", "NCHW") in ("NHWC", b"NHWC"):
-        return [((r, ph, pw, shapes[0][3]), FLOAT)]
-    return [((r, shapes[0][1], ph, pw), FLOAT)]
-
-
-@register_op("RoIAlignRotated", inputs=2, outputs=1, shape=_shape)
+@register_op("RoIAlignRotated", inputs=2, outputs=1, shape=roi_align_shape)
 def roi_align_rotated(ctx: OpContext) -> Outputs:
     """[X (N, C, H, W), RoIs] -> Y (R, C, pooled_h, pooled_w) (NHWC: R, ph, pw, C)."""
     p = _Params(ctx)
