@@ -252,8 +252,9 @@ class BatchFeeder(State):
             if chunk is None:
                 return
             for j, item in enumerate(chunk):
-                batch[j] = item.copy() if batch[j] is None else \
-                    np.append(batch[j], item, axis=self._batch_columns[j])
+                so_far = batch[j]
+                batch[j] = item.copy() if so_far is None else \
+                    np.append(so_far, item, axis=self._batch_columns[j])
         if batch[0] is None or not data_input_coordinator.is_active():
             return
         arrays: list[np.ndarray] = [b for b in batch if b is not None]

@@ -127,9 +127,9 @@ _mixed_classes: dict[type, type] = {}
 
 def _error_class(cause: BaseException) -> type[OperatorError]:
     """OperatorError mixed with the cause's class, so ``except ShapeError`` still works."""
-    cause_type = type(cause)
     if isinstance(cause, OperatorError):  # already one (e.g. QueueClosedError): keep its class
-        return cause_type
+        return type(cause)
+    cause_type = type(cause)
     if not isinstance(cause, Exception):
         return OperatorError
     cls = _mixed_classes.get(cause_type)
