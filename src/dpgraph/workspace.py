@@ -72,10 +72,10 @@ from dpgraph.runtime.immediate import (
     immediate_root_folder,
 )
 from dpgraph.runtime.net_transforms import ApplyTransform, ApplyTransformIfFaster
-from dpgraph.runtime.op_cost import GetOperatorCost
 from dpgraph.runtime.numa import get_blob_numa_node as GetBlobNUMANode
 from dpgraph.runtime.numa import get_num_numa_nodes as GetNumNUMANodes
 from dpgraph.runtime.numa import is_numa_enabled as IsNUMAEnabled
+from dpgraph.runtime.op_cost import GetOperatorCost
 
 #: Caffe2's ``workspace.Workspace`` is the binding's workspace class (``C.Workspace``).
 Workspace = C.Workspace
