@@ -356,3 +356,21 @@ def test_ap_meter_buffers_across_runs() -> None:
     workspace.RunNet(net)  # the op instance keeps the first three rows
     np.testing.assert_allclose(workspace.FetchBlob("ap"), ap(scores, labels), rtol=1e-6)
     workspace.ResetWorkspace()
+
+
+def test_weighted_multi_sampling_draws_from_the_cdf() -> None:
+    cdf = np.array([0.0, 0.0, 1.0, 1.0, 3.0], np.float32)  # mass on index 2 (1/3) and 4 (2/3)
+    (idx,) = run_op(CreateOperator("WeightedMultiSampling", ["w"], ["i"], num_samples=3000),
+                    [cdf])
+    assert idx.dtype == np.int32 and idx.shape == (3000,)
+    assert set(np.unique(idx)) == {2, 4}
+    assert abs((idx == 4).mean() - 2 / 3) < 0.05
+    (shaped,) = run_op(CreateOperator("WeightedMultiSampling", ["w", "s"], ["i"]),
+                       [cdf, np.zeros((2, 3))])
+    assert shaped.shape == (2, 3)
+    (empty,) = run_op(CreateOperator("WeightedMultiSampling", ["w"], ["i"], num_samples=4),
+                      [np.zeros(0, np.float32)])
+    assert empty.shape == (0,)
+    with pytest.raises(ShapeError, match="num_samples"):
+        run_op(CreateOperator("WeightedMultiSampling", ["w", "s"], ["i"], num_samples=2),
+               [cdf, np.zeros(2)])

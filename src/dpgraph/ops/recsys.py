@@ -8,6 +8,7 @@ partitions by key and weighted sampling.
 * ``NGramFromCategorical``: mixed-radix code of several categorical columns;
 * ``Partition`` / ``LengthsPartition`` / ``GatherByKey``: shard rows by ``key mod P``;
 * ``WeightedSample``: one index per row, drawn with probability proportional to its weight.
+* ``WeightedMultiSampling``: indices drawn from a 1-D CDF (``num_samples`` or a shape input).
 """
 
 from __future__ import annotations
@@ -310,6 +311,33 @@ def _gather_by_key_gradient(g: GradientBuilder) -> None:
 
 
 # --- WeightedSample ---------------------------------------------------------------------------
+@register_op("WeightedMultiSampling", inputs=(1, 2), outputs=1)
+def weighted_multi_sampling(ctx: OpContext) -> Outputs:
+    """[cdf (1-D), shape?] -> int32 indices: ``num_samples`` draws (or one per element of the
+    shape input, in its shape) of ``lower_bound(cdf, U[0, cdf[-1]))``."""
+    cdf = _array(ctx, 0)
+    if cdf.ndim != 1:
+        raise ctx.fail(f"the input should be a 1-D CDF vector, got shape {cdf.shape}")
+    if ctx.num_inputs == 2:
+        if ctx.has_arg("num_samples"):
+            raise ctx.fail("the shape is given by the input blob; do not pass the argument "
+                           "'num_samples' as well")
+        shape = tuple(np.shape(ctx.inputs[1]))
+    else:
+        count = ctx.int_arg("num_samples", 0)
+        if count < 0:
+            raise ctx.fail(f"'num_samples' must be >= 0, got {count}")
+        shape = (count,)
+    if cdf.size == 0:
+        return (np.zeros(0, np.int32),)
+    cdf = cdf.astype(np.float32, copy=False)
+    draws = ctx.rng.random(int(np.prod(shape)), dtype=np.float32) * cdf[-1]
+    index = np.searchsorted(cdf, draws, side="left")
+    if index.size and index.max() >= cdf.size:
+        raise ctx.fail(f"cannot find {draws[index.argmax()]} in the input CDF")
+    return (index.astype(np.int32).reshape(shape),)
+
+
 @register_op("WeightedSample", inputs=(1, 2), outputs=(1, 2))
 def weighted_sample(ctx: OpContext) -> Outputs:
     """[weights [B, D], values [B, D]?] -> [index (int32 [B, 1]), value (float [B, 1])?]:
@@ -346,5 +374,5 @@ def _no_gradient(g: GradientBuilder) -> None:
     """Caffe2's ``NO_GRADIENT``: no gradient ops and no input gradients."""
 
 
-for _type in ("NGramFromCategorical", "Partition", "LengthsPartition"):
+for _type in ("NGramFromCategorical", "Partition", "LengthsPartition", "WeightedMultiSampling"):
     register_gradient(_type)(_no_gradient)
