@@ -782,26 +782,27 @@ def decode_tensor_protos_batch(values: list[bytes], where: str = "",
 
 def _stack_payloads(values: list[bytes], first: bytes, payloads: list[_Payload],
                     gaps: list[tuple[int, int]]) -> list[np.ndarray] | None:
+    """The records joined into one [count, length] byte matrix (one copy, no per-record
+    Python), their structure bytes compared column-wise with the first record's, and each
+    payload's columns made contiguous; None when a record's layout differs."""
     count, length = len(values), len(first)
-    structure = [(a, b, first[a:b]) for a, b in gaps if b > a]
-    out = [np.empty((count, p.size // p.dtype.itemsize if not p.varint else p.size),
-                    dtype=p.dtype if not p.varint else np.uint8) for p in payloads]
-    for row, value in enumerate(values):
-        if len(value) != length or any(value[a:b] != ref for a, b, ref in structure):
-            return None
-        for payload, target in zip(payloads, out):
-            if payload.varint:
-                target[row] = np.frombuffer(value, np.uint8, payload.size, payload.offset)
-            else:
-                target[row] = np.frombuffer(value, payload.dtype,
-                                            payload.size // payload.dtype.itemsize,
-                                            payload.offset)
+    if any(len(value) != length for value in values):
+        return None
+    rows = np.frombuffer(b"".join(values), np.uint8).reshape(count, length)
+    reference = np.frombuffer(first, np.uint8)
+    if any(b > a and not np.array_equal(rows[:, a:b], np.broadcast_to(reference[a:b],
+                                                                      (count, b - a)))
+           for a, b in gaps):
+        return None
     result = []
-    for payload, target in zip(payloads, out):
+    for payload in payloads:
+        block = rows[:, payload.offset:payload.offset + payload.size]
         if payload.varint:
-            if (target >= 0x80).any():
+            if (block >= 0x80).any():
                 return None  # multi-byte varints: decode record by record
-            target = target.astype(payload.dtype)
+            target = block.astype(payload.dtype)
+        else:
+            target = np.ascontiguousarray(block).view(payload.dtype)
         result.append(target.reshape((count, *payload.shape)))
     return result
 
