@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from dpgraph import workspace
-from dpgraph.errors import BlobNotFoundError, OperatorError, WorkspaceError
+from dpgraph.errors import ArgumentError, BlobNotFoundError, OperatorError, WorkspaceError
 from dpgraph.runtime import fp_exceptions as fp
 
 
@@ -50,7 +50,7 @@ def test_first_occurrence_flag_is_accepted_and_bad_values_rejected() -> None:
     assert fp.FIRST_OCCURRENCE in fp.FLAGS
     fp.set_flag(fp.FIRST_OCCURRENCE, "1")
     assert not fp.state.active
-    with pytest.raises(ValueError, match="boolean"):
+    with pytest.raises(ArgumentError, match="boolean"):
         fp.set_flag(fp.THROW_IF_FP, "maybe")
 
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from dpgraph.errors import OperatorError
+from dpgraph.errors import ArgumentError, OperatorError
 
 THROW_IF_FP = "caffe2_operator_throw_if_fp_exceptions"
 THROW_IF_OVERFLOW = "caffe2_operator_throw_if_fp_overflow_exceptions"
@@ -61,7 +61,7 @@ def _flag_value(flag: str, value: str) -> bool:
         return True
     if text in ("0", "false", "f", "no", "n"):
         return False
-    raise ValueError(f"--{flag}={value!r}: expected a boolean (1/0/true/false).")
+    raise ArgumentError(f"GlobalInit: --{flag}={value!r} needs a boolean (1/0/true/false).")
 
 
 def set_flag(flag: str, value: str) -> None:
