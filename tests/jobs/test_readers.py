@@ -73,6 +73,11 @@ def test_timer_ops_measure_nanoseconds() -> None:
     time.sleep(0.005)
     workspace.RunOperatorOnce(core.CreateOperator("TimerGet", ["rd_t"], ["rd_ns3"]))
     assert int(workspace.FetchBlob("rd_ns3")) == int(workspace.FetchBlob("rd_ns2")) >= first
+    from dpgraph.ops.stats import GLOBAL_REGISTRY  # Caffe2's exported average stat
+
+    stats = {key: value for key, value, _ in GLOBAL_REGISTRY.publish(reset=False)}
+    assert stats[b"epoch/time_ns/count"] >= 1
+    assert stats[b"epoch/time_ns/sum"] >= int(workspace.FetchBlob("rd_ns2"))
     with pytest.raises(RuntimeError, match="TimerBegin"):
         workspace.FeedBlob("rd_not_timer", np.zeros(1))
         workspace.RunOperatorOnce(core.CreateOperator("TimerEnd", ["rd_not_timer"], []))

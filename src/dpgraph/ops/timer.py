@@ -1,7 +1,8 @@
 """Timer ops (Caffe2's stats timers): TimerBegin, TimerEnd, TimerGet, TimerGetAndEnd.
 
 A timer blob holds a :class:`Timer`; ``TimerGet`` reads the nanoseconds elapsed since it
-began (int64 scalar)."""
+began (int64 scalar). Ending a timer adds its nanoseconds to Caffe2's exported average stat
+``<counter_name>/time_ns/sum`` and ``.../count`` in the global stat registry."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import numpy as np
 from dpgraph.ir.registry import register_gradient, register_op
 from dpgraph.ops.context import OpContext, Outputs
 from dpgraph.ops.fill import no_gradient
+from dpgraph.ops.stats import GLOBAL_REGISTRY
 
 
 class Timer:
@@ -27,7 +29,10 @@ class Timer:
         return end - self.start
 
     def end(self) -> None:
+        """Stop the clock and export the time, as Caffe2's CAFFE_AVG_EXPORTED_STAT(time_ns)."""
         self.stopped = time.perf_counter_ns()
+        GLOBAL_REGISTRY.increment(f"{self.name}/time_ns/sum".encode(), self.elapsed_ns())
+        GLOBAL_REGISTRY.increment(f"{self.name}/time_ns/count".encode(), 1)
 
     def __repr__(self) -> str:
         return f"Timer({self.name!r}, {self.elapsed_ns()} ns)"
