@@ -225,7 +225,12 @@ def _composite(get: Callable[[str, Any], Any], ctx: OpContext) -> Policy:
     return composite
 
 
-@register_op("LearningRate", inputs=1, outputs=1, shape=lambda op, s, t: [((), FLOAT)])
+def _rate_shape(op: Any, shapes: list, types: list) -> list:
+    """Caffe2's schema gives the rate the iteration blob's shape (its value is a float)."""
+    return [None] if shapes[0] is None else [(tuple(shapes[0]), FLOAT)]
+
+
+@register_op("LearningRate", inputs=1, outputs=1, shape=_rate_shape)
 def learning_rate(ctx: OpContext) -> Outputs:
     """iter (int64) -> base_lr × policy multiplier(iter), a float32 0-d array (as Caffe2)."""
     if not ctx.has_arg("base_lr"):

@@ -16,7 +16,6 @@ Each function mirrors one Caffe2 schema:
   with a ``split`` input blob the sizes are data, so the outputs stay unknown.
 * ``ConvGradient`` (and ``Conv{1,2,3}DGradient``, ``ConvTransposeGradient``): dW like W,
   db [output channels] unless ``no_bias``, dX like X.
-* ``LearningRate``: the iteration blob's shape (Caffe2's schema copies input 0's shape).
 * ``PadImage``: H and W grown by the pads (``pads``, ``pad`` or ``pad_t/l/b/r``).
 * ``DotProductWithPadding``: [X.dims(0)].
 * Gloo-style collectives (``Allreduce``, ``Broadcast``, ``Reduce``, ``ReduceScatter``):
@@ -149,13 +148,6 @@ def conv_gradient_shape(op: Any, shapes: Sequence[Any], types: Sequence[Any]) ->
     if len(op.output) > len(result):
         result.append((tuple(x), types[0] or FLOAT))
     return result[:len(op.output)]
-
-
-def learning_rate_shape(op: Any, shapes: Sequence[Any], types: Sequence[Any]) -> ShapeResult:
-    """Caffe2 reports the iteration blob's shape for the rate (a float)."""
-    if not shapes or shapes[0] is None:
-        return _unknown(op)
-    return [(tuple(shapes[0]), FLOAT)]
 
 
 def _image_pads(op: Any, args: dict[str, Any]) -> tuple[int, int, int, int]:
@@ -369,7 +361,6 @@ REPLACED: dict[str, ShapeFunction] = {
     "ConvGradient": conv_gradient_shape, "Conv1DGradient": conv_gradient_shape,
     "Conv2DGradient": conv_gradient_shape, "Conv3DGradient": conv_gradient_shape,
     "ConvTransposeGradient": conv_gradient_shape,  # these left db unknown
-    "LearningRate": learning_rate_shape,  # was a scalar
 }
 
 
