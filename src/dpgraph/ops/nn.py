@@ -361,14 +361,22 @@ def _conv_shape(op: caffe2_pb2.OperatorDef, shapes: list[Shape | None],
     return [(shape, _dtype(types))]
 
 
+def _bias_channels(op: caffe2_pb2.OperatorDef, args: dict[str, Any], w: Shape) -> int:
+    if op.type != "ConvTransposeGradient":
+        return int(w[0])
+    channels = w[-1] if str(args.get("order", "NCHW")) == "NHWC" else w[1]
+    return int(channels) * int(args.get("group", 1))
+
+
 def _same_as_inputs(op: caffe2_pb2.OperatorDef, shapes: list[Shape | None],
                     types: list[int | None]) -> ShapeResult:
-    """Gradient ops whose outputs mirror [W, (b), X] shapes."""
+    """Gradient ops whose outputs mirror [W, (b), X] shapes; db has the output channels
+    (W's first dim; ConvTranspose: its channel dim times ``group``), as Caffe2 infers."""
     x, w = shapes[0], shapes[1]
     result: ShapeResult = [None if w is None else (w, _dtype(types, 1))]
-    no_bias = int(arguments_dict(op.arg).get("no_bias", 0))
-    if not no_bias and len(op.output) > 1:
-        result.append(None)
+    args = arguments_dict(op.arg)
+    if not int(args.get("no_bias", 0)) and len(op.output) > 1:
+        result.append(None if w is None else ((_bias_channels(op, args, w),), _dtype(types, 1)))
     if len(op.output) > len(result):
         result.append(None if x is None else (x, _dtype(types)))
     return result

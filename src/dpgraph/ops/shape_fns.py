@@ -14,8 +14,6 @@ Each function mirrors one Caffe2 schema:
   size len(inputs); every input shape must be known; ``split_info`` is int32 [len(inputs)].
 * ``Split``/``DepthSplit``: outputs only from the ``split`` argument or an equal split;
   with a ``split`` input blob the sizes are data, so the outputs stay unknown.
-* ``ConvGradient`` (and ``Conv{1,2,3}DGradient``, ``ConvTransposeGradient``): dW like W,
-  db [output channels] unless ``no_bias``, dX like X.
 * ``PadImage``: H and W grown by the pads (``pads``, ``pad`` or ``pad_t/l/b/r``).
 * ``DotProductWithPadding``: [X.dims(0)].
 * Gloo-style collectives (``Allreduce``, ``Broadcast``, ``Reduce``, ``ReduceScatter``):
@@ -127,29 +125,6 @@ def split_shape(op: Any, shapes: Sequence[Any], types: Sequence[Any]) -> ShapeRe
 
 
 # --- gradients, learning rate, padding, distances --------------------------------------------
-def _conv_bias_channels(op: Any, w: Shape) -> int:
-    """The bias length of a convolution-family op with filter ``w``."""
-    if op.type != "ConvTransposeGradient":
-        return int(w[0])
-    args = arguments_dict(op.arg)
-    channels = w[-1] if str(args.get("order", "NCHW")) == "NHWC" else w[1]
-    return int(channels) * int(args.get("group", 1))
-
-
-def conv_gradient_shape(op: Any, shapes: Sequence[Any], types: Sequence[Any]) -> ShapeResult:
-    """[X, W, dY] -> [dW like W, db [channels] (unless no_bias), dX like X]."""
-    x, w = shapes[0], shapes[1]
-    if x is None or w is None:
-        return _unknown(op)
-    w_type = types[1] or FLOAT
-    result: ShapeResult = [(tuple(w), w_type)]
-    if not int(arguments_dict(op.arg).get("no_bias", 0)):
-        result.append(((_conv_bias_channels(op, tuple(w)),), w_type))
-    if len(op.output) > len(result):
-        result.append((tuple(x), types[0] or FLOAT))
-    return result[:len(op.output)]
-
-
 def _image_pads(op: Any, args: dict[str, Any]) -> tuple[int, int, int, int]:
     """(top, left, bottom, right) from ``pads``, else ``pad_t/l/b/r`` defaulting to ``pad``."""
     if "pads" in args:
@@ -358,9 +333,6 @@ ADDED: dict[str, ShapeFunction] = {
 #: Ops whose module's shape function disagreed with Caffe2's (see the module docstring).
 REPLACED: dict[str, ShapeFunction] = {
     "Concat": concat_shape, "DepthConcat": concat_shape,  # order NHWC means axis 3
-    "ConvGradient": conv_gradient_shape, "Conv1DGradient": conv_gradient_shape,
-    "Conv2DGradient": conv_gradient_shape, "Conv3DGradient": conv_gradient_shape,
-    "ConvTransposeGradient": conv_gradient_shape,  # these left db unknown
 }
 
 
