@@ -90,6 +90,14 @@ def test_conv_gradient_bias_and_input_gradients() -> None:
     assert shapes["db"] == [4] and shapes["dX2"] == [2, 3, 5, 5]
 
 
+def test_conv_transpose_gradient_bias_has_channels_times_group() -> None:
+    net = core.Net("conv_t_grad")
+    net.ConvTransposeGradient(["X", "W", "dY"], ["dW", "db", "dX"], kernel=3, order="NHWC")
+    shapes, _ = workspace.InferShapesAndTypes(
+        [net], {"X": [2, 5, 5, 4], "W": [4, 3, 3, 6], "dY": [2, 7, 7, 6]})
+    assert shapes["db"] == [6] and shapes["dW"] == [4, 3, 3, 6] and shapes["dX"] == [2, 5, 5, 4]
+
+
 def test_learning_rate_has_the_iteration_shape() -> None:
     net = core.Net("lr")
     it = net.ConstantFill([], "iter", shape=[1], value=0, dtype=core.DataType.INT64)
