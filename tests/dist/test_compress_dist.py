@@ -6,7 +6,6 @@ close to the float32 large-batch run."""
 from __future__ import annotations
 
 import json
-import multiprocessing
 import sys
 import traceback
 from pathlib import Path
@@ -17,7 +16,8 @@ import pytest
 
 pytest.importorskip("torch.distributed", reason="the gloo backend needs torch")
 
-CONTEXT = multiprocessing.get_context("spawn")
+from _launch import launch  # noqa: E402  (rank processes with a hard timeout)
+
 DEVICES = [0, 1]
 #: scenario -> Parallelize keywords; one pair of processes runs them all in turn
 SCENARIOS: dict[str, dict[str, Any]] = {
@@ -81,18 +81,7 @@ def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     parallel = str(Path(__file__).parent.parent / "parallel")
     cfgs = [{"rank": rank, "store": str(tmp_path / "store"),
              "path": [parallel, str(Path(parallel).parent)]} for rank in range(2)]
-    procs = []
-    for cfg in cfgs:
-        out = tmp_path / f"rank{cfg['rank']}.json"
-        proc = CONTEXT.Process(target=_rank, args=(cfg, str(out)), daemon=True)
-        proc.start()
-        procs.append((proc, out))
-    results = []
-    for proc, out in procs:
-        proc.join(180)
-        if proc.is_alive():
-            proc.kill()
-        results.append(json.loads(out.read_text()) if out.exists() else {"ok": None})
+    results = launch(_rank, cfgs, hard_timeout=180.0)
     assert all(r["ok"] for r in results), [r.get("error") for r in results]
     return [r["scenarios"] for r in results]
 

@@ -5,7 +5,6 @@ non-sync calls, and float16 gradients go over the wire."""
 from __future__ import annotations
 
 import json
-import multiprocessing
 import sys
 import traceback
 from pathlib import Path
@@ -14,8 +13,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-#: one process per rank, started fresh (no threads inherited from the test process)
-CONTEXT = multiprocessing.get_context("spawn")
+sys.path.insert(0, str(Path(__file__).parent.parent / "dist"))
+from _launch import launch  # noqa: E402  (rank processes with a hard timeout)
+
 DEVICES = [0, 1]
 
 
@@ -114,18 +114,7 @@ def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     here = str(Path(__file__).parent)
     cfgs = [{"rank": rank, "store": str(tmp_path / "store"), "path": [here, str(Path(here).parent)]}
             for rank in range(2)]
-    procs = []
-    for cfg in cfgs:
-        out = tmp_path / f"rank{cfg['rank']}.json"
-        proc = CONTEXT.Process(target=_rank, args=(cfg, str(out)), daemon=True)
-        proc.start()
-        procs.append((proc, out))
-    results = []
-    for proc, out in procs:
-        proc.join(180)
-        if proc.is_alive():
-            proc.kill()
-        results.append(json.loads(out.read_text()) if out.exists() else {"ok": None})
+    results = launch(_rank, cfgs, hard_timeout=180.0)
     assert all(r["ok"] for r in results), [r.get("error") for r in results]
     return [r["scenarios"] for r in results]
 
