@@ -1,4 +1,5 @@
-"""Start rank processes, bound their run time, and collect each rank's JSON result."""
+"""Start ranks (processes, or threads of this process), bound their run time, and collect
+each rank's result."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import multiprocessing
 import shutil
 import socket
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -66,3 +68,22 @@ def run_ranks(scenario: str, size: int, store: dict[str, Any], processes: int | 
 
     configs = rank_configs(scenario, size, store, timeout_ms, processes, **extra)
     return launch(_worker.run_rank, configs, hard_timeout)
+
+
+def on_ranks(size: int, fn: Callable[[int], Any], timeout: float = 20) -> list[Any]:
+    """Run ``fn(rank)`` for every rank in its own thread; exceptions are returned."""
+    results: list[Any] = [None] * size
+
+    def run(rank: int) -> None:
+        try:
+            results[rank] = fn(rank)
+        except Exception as error:
+            results[rank] = error
+
+    threads = [threading.Thread(target=run, args=(r,), daemon=True) for r in range(size)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout)
+    assert not any(t.is_alive() for t in threads), "a rank hung"
+    return results

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,24 +15,7 @@ from dpgraph.errors import CollectiveTimeoutError
 
 pytest.importorskip("torch.distributed", reason="the gloo backend needs torch")
 
-
-def on_ranks(size: int, fn: Callable[[int], Any], timeout: float = 20) -> list[Any]:
-    """Run ``fn(rank)`` for every rank in its own thread; exceptions are returned."""
-    results: list[Any] = [None] * size
-
-    def run(rank: int) -> None:
-        try:
-            results[rank] = fn(rank)
-        except Exception as error:
-            results[rank] = error
-
-    threads = [threading.Thread(target=run, args=(r,), daemon=True) for r in range(size)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout)
-    assert not any(t.is_alive() for t in threads), "a rank hung"
-    return results
+from _launch import on_ranks  # noqa: E402
 
 
 @pytest.fixture

@@ -3,8 +3,6 @@ as threads of this process, against numpy references of the documented arithmeti
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,30 +16,14 @@ from dpgraph.ops.compress import round_to_bfloat16
 
 pytest.importorskip("torch.distributed", reason="the gloo backend needs torch")
 
-
-def _on_ranks(size: int, fn: Callable[[int], Any], timeout: float = 20) -> list[Any]:
-    results: list[Any] = [None] * size
-
-    def run(rank: int) -> None:
-        try:
-            results[rank] = fn(rank)
-        except Exception as error:  # returned, so the test can assert on it
-            results[rank] = error
-
-    threads = [threading.Thread(target=run, args=(r,), daemon=True) for r in range(size)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout)
-    assert not any(t.is_alive() for t in threads), "a rank hung"
-    return results
+from _launch import on_ranks  # noqa: E402
 
 
 @pytest.fixture(params=[2, 3], ids=["2ranks", "3ranks"])
 def worlds(request: pytest.FixtureRequest, tmp_path: Path) -> list[Any]:
     size = request.param
     store = file_store(str(tmp_path))
-    made = _on_ranks(size, lambda r: create_backend("gloo", store, r, size, world="hs",
+    made = on_ranks(size, lambda r: create_backend("gloo", store, r, size, world="hs",
                                                     timeout=10))
     for world in made:
         assert not isinstance(world, Exception), world
@@ -73,7 +55,7 @@ def test_float16_is_the_float32_sum_rounded_once_on_every_rank(worlds: list[Any]
     size = len(worlds)
     data = _data(size, count)
     buffers = [[copies[0].astype(np.float16)] for copies in data]
-    out = _on_ranks(size, lambda r: worlds[r].allreduce(buffers[r]))
+    out = on_ranks(size, lambda r: worlds[r].allreduce(buffers[r]))
     expected = _float16_reference(data)
     for rank in range(size):
         assert not isinstance(out[rank], Exception), out[rank]
@@ -83,11 +65,11 @@ def test_float16_is_the_float32_sum_rounded_once_on_every_rank(worlds: list[Any]
 
 def test_float16_with_two_ranks_is_bitwise_the_half_precision_sum(tmp_path: Path) -> None:
     store = file_store(str(tmp_path))
-    worlds = _on_ranks(2, lambda r: create_backend("gloo", store, r, 2, world="h2", timeout=10))
+    worlds = on_ranks(2, lambda r: create_backend("gloo", store, r, 2, world="h2", timeout=10))
     values = [np.array([65504, 1, 2 ** -24, -3.5, 1e-3, np.inf, 0.1], np.float16),
               np.array([16, 2 ** -11, 2 ** -24, 3.5, 2e-3, 1, 0.2], np.float16)]
     buffers = [[v.copy()] for v in values]
-    _on_ranks(2, lambda r: worlds[r].allreduce(buffers[r]))
+    on_ranks(2, lambda r: worlds[r].allreduce(buffers[r]))
     with np.errstate(over="ignore"):
         expected = (values[0].astype(np.float32) + values[1].astype(np.float32)).astype(
             np.float16)
@@ -104,7 +86,7 @@ def test_a_strided_float16_copy_is_reduced_and_written_back(worlds: list[Any]) -
     data = _data(size, 2 * 3001)
     wide = [copies[0].astype(np.float16).reshape(3001, 2) for copies in data]
     buffers = [[w[:, 0]] for w in wide]  # not contiguous
-    _on_ranks(size, lambda r: worlds[r].allreduce(buffers[r]))
+    on_ranks(size, lambda r: worlds[r].allreduce(buffers[r]))
     expected = _float16_reference([[c[0].reshape(3001, 2)[:, 0].copy()] for c in data])
     for rank in range(size):
         np.testing.assert_array_equal(wide[rank][:, 0].view(np.uint16), expected.view(np.uint16))
@@ -114,7 +96,7 @@ def test_several_local_copies_are_summed_in_float32_first(worlds: list[Any]) -> 
     size = len(worlds)
     data = _data(size, 5000, copies=2)
     buffers = [[c.astype(np.float16) for c in copies] for copies in data]
-    _on_ranks(size, lambda r: worlds[r].allreduce(buffers[r]))
+    on_ranks(size, lambda r: worlds[r].allreduce(buffers[r]))
     expected = _float16_reference(data)
     for rank in range(size):
         for copy in buffers[rank]:
@@ -126,7 +108,7 @@ def test_bfloat16_wire_gives_bfloat16_values_identical_on_every_rank(worlds: lis
     data = _data(size, 40001)
     buffers = [[round_to_bfloat16(copies[0])] for copies in data]
     exact = [b[0].copy() for b in buffers]
-    out = _on_ranks(size, lambda r: worlds[r].allreduce(buffers[r], wire_dtype="bfloat16"))
+    out = on_ranks(size, lambda r: worlds[r].allreduce(buffers[r], wire_dtype="bfloat16"))
     assert not any(isinstance(o, Exception) for o in out), out
     first = buffers[0][0]
     assert not (first.view(np.uint32) & 0xFFFF).any()  # bfloat16 values
