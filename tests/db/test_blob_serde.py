@@ -15,7 +15,6 @@ from dpgraph.ir.blob_serde import (
     BlobAssembler,
     BlobOptions,
     decode_tensor_protos,
-    decode_tensor_protos_batch,
     deserialize_blob,
     numpy_to_tensor_proto,
     options_for,
@@ -23,6 +22,7 @@ from dpgraph.ir.blob_serde import (
     serialize_blob,
     serialize_blob_chunks,
 )
+from dpgraph.ir.protos_batch import decode_tensor_protos_batch
 from dpgraph.proto import caffe2_pb2
 
 DT = caffe2_pb2.TensorProto

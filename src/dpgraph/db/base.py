@@ -73,6 +73,16 @@ class Cursor(ABC):
     def close(self) -> None:  # noqa: B027  (optional hook: most cursors hold nothing)
         """Release the cursor's resources (also done when it is freed)."""
 
+    def read_run(self, count: int) -> list[tuple[Any, Any]]:
+        """Up to ``count`` ``(key, value)`` records from the current one on, stepping past
+        each (fewer where the DB ends; the cursor is then not valid).  Keys and values are
+        bytes-like and stay readable until the cursor is closed."""
+        run: list[tuple[Any, Any]] = []
+        while len(run) < count and self.valid():
+            run.append((self.key(), self.value()))
+            self.next()
+        return run
+
     def __iter__(self) -> Any:
         while self.valid():
             yield self.key(), self.value()

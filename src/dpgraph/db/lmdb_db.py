@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import struct
 import threading
+from itertools import islice
 from typing import Any
 
 from dpgraph.db.base import DB, Cursor, Mode, Transaction, as_bytes, register_db
@@ -118,7 +119,9 @@ ENVIRONMENTS = _Environments()
 class LMDBCursor(Cursor):
     def __init__(self, db: LMDB) -> None:
         self._db = db
-        self._txn = db._env.begin(write=False, buffers=False)
+        # buffers: values are read-only views of the map (valid while the transaction
+        # lives); key() and value() copy them, read_run() hands the views to the reader
+        self._txn = db._env.begin(write=False, buffers=True)
         self._cursor = self._txn.cursor()
         self._valid = self._call(self._cursor.first)
 
@@ -145,10 +148,20 @@ class LMDBCursor(Cursor):
         self._valid = self._call(self._cursor.next)
 
     def key(self) -> bytes:
-        return self._call(self._cursor.key)
+        return bytes(self._call(self._cursor.key))
 
     def value(self) -> bytes:
-        return self._call(self._cursor.value)
+        return bytes(self._call(self._cursor.value))
+
+    def read_run(self, count: int) -> list[tuple[Any, Any]]:
+        """As :meth:`Cursor.read_run`, in one liblmdb loop; the records are views of the
+        map, valid until the cursor is closed."""
+        if not self._valid or count <= 0:
+            return []
+        run = self._call(lambda: list(islice(self._cursor.iternext(), count)))
+        # iternext leaves the cursor on the last record it yielded (unpositioned at the end)
+        self._valid = len(run) == count and self._call(self._cursor.next)
+        return run
 
     def valid(self) -> bool:
         return self._valid

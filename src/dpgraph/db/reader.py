@@ -53,22 +53,38 @@ class DBReader:
                 raise DBError(f"{self.db.where()}: Db has fewer rows than shard id "
                               f"{self.shard_id}; use fewer shards or a bigger DB.")
 
-    def _current(self) -> tuple[bytes, bytes]:
+    def _check_current(self) -> None:
         if not self._cursor.valid():
             raise DBError(f"{self.db.where()}: no record to read (the DB is empty, or the "
                           "queue behind it timed out or was closed).")
-        return self._cursor.key(), self._cursor.value()
+
+    def _step(self) -> None:
+        """To this shard's next record, wrapping around to the shard start at the end."""
+        for _ in range(self.num_shards):
+            self._cursor.next()
+            if not self._cursor.valid():
+                self._to_start()
+                return
+
+    def _records(self, count: int) -> list[tuple[Any, Any]]:
+        """``count`` records read in turn (the caller holds the lock); values may be views
+        that stay valid while the cursor is open."""
+        records: list[tuple[Any, Any]] = []
+        while len(records) < count:
+            self._check_current()
+            if self.num_shards == 1:
+                records += self._cursor.read_run(count - len(records))
+                if not self._cursor.valid():
+                    self._to_start()
+            else:
+                records.append((self._cursor.key(), self._cursor.value()))
+                self._step()
+        return records
 
     def read(self) -> tuple[bytes, bytes]:
         """The current ``(key, value)``; then step to this shard's next record."""
-        with self._lock:
-            key, value = self._current()
-            for _ in range(self.num_shards):
-                self._cursor.next()
-                if not self._cursor.valid():
-                    self._to_start()
-                    break
-            return key, value
+        keys, values = self.read_batch(1)
+        return keys[0], values[0]
 
     def read_many(self, count: int) -> list[bytes]:
         """``count`` values read in turn under one lock acquisition."""
@@ -77,17 +93,16 @@ class DBReader:
     def read_batch(self, count: int) -> tuple[list[bytes], list[bytes]]:
         """``(keys, values)`` of ``count`` records read in turn under one lock acquisition."""
         with self._lock:
-            keys, values = [], []
-            for _ in range(count):
-                key, value = self._current()
-                keys.append(key)
-                values.append(value)
-                for _ in range(self.num_shards):
-                    self._cursor.next()
-                    if not self._cursor.valid():
-                        self._to_start()
-                        break
-            return keys, values
+            records = self._records(count)
+            return [bytes(k) for k, _ in records], [bytes(v) for _, v in records]
+
+    def read_joined(self, count: int) -> tuple[list[bytes], list[int], bytes]:
+        """``count`` records as ``(keys, value lengths, the values joined end to end)``: one
+        copy of the values, made straight from the DB's storage."""
+        with self._lock:
+            records = self._records(count)
+            return ([bytes(k) for k, _ in records], [len(v) for _, v in records],
+                    b"".join(v for _, v in records))
 
     def seek_to_first(self) -> None:
         with self._lock:
@@ -98,8 +113,9 @@ class DBReader:
         return self._cursor
 
     def close(self) -> None:
-        self._cursor.close()
-        self.db.close()
+        with self._lock:  # not while a read holds views of the cursor's storage
+            self._cursor.close()
+            self.db.close()
 
     # --- serialization ------------------------------------------------------------------
     def to_proto(self, name: str) -> caffe2_pb2.DBReaderProto:

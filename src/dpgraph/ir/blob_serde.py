@@ -14,7 +14,6 @@ Other blob types (the DB reader) register a serializer with :func:`register_type
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -65,7 +64,7 @@ DATA_TYPE_TO_NUMPY: dict[int, np.dtype] = {
     DT.STRING: np.dtype(object),
 }
 #: types that may come as raw little-endian ``byte_data`` instead of ``int32_data``
-_BYTE_HOLDER = {DT.BOOL, DT.UINT8, DT.INT8, DT.UINT16, DT.INT16, DT.FLOAT16, DT.BYTE}
+BYTE_HOLDER_TYPES = {DT.BOOL, DT.UINT8, DT.INT8, DT.UINT16, DT.INT16, DT.FLOAT16, DT.BYTE}
 
 
 # --- dtypes ----------------------------------------------------------------------------------
@@ -204,7 +203,7 @@ def _values(proto: Any, data_type: int, count: int, where: str) -> np.ndarray:
             raise TensorProtoError(f"{where}: incorrect data size: raw_data holds "
                                    f"{len(proto.raw_data)} bytes for {count} {dtype} values.")
         values = np.frombuffer(proto.raw_data, dtype=dtype.newbyteorder("<")).astype(dtype)
-    elif data_type in _BYTE_HOLDER and (proto.HasField("byte_data") or data_type == DT.BYTE):
+    elif data_type in BYTE_HOLDER_TYPES and (proto.HasField("byte_data") or data_type == DT.BYTE):
         dtype = DATA_TYPE_TO_NUMPY[data_type]
         if len(proto.byte_data) != count * dtype.itemsize:
             raise TensorProtoError(f"{where}: incorrect data size: byte_data holds "
@@ -509,11 +508,12 @@ class BlobOptions:
         return -1 if self.chunk_size < 0 else self.chunk_size
 
 
-def _varint(data: bytes, pos: int) -> tuple[int, int]:
+def read_varint(data: bytes, pos: int) -> tuple[int, int]:
+    """The varint at ``data[pos]`` and the position after it."""
     result = shift = 0
     while True:
         if pos >= len(data):
-            raise TensorProtoError("truncated varint in SerializationOptions bytes.")
+            raise TensorProtoError("truncated varint.")
         byte = data[pos]
         pos += 1
         result |= (byte & 0x7F) << shift
@@ -526,13 +526,13 @@ def _fields(data: bytes) -> Iterator[tuple[int, Any]]:
     """Decode a protobuf message into ``(field_number, value)`` (varint or bytes)."""
     pos = 0
     while pos < len(data):
-        tag, pos = _varint(data, pos)
+        tag, pos = read_varint(data, pos)
         number, wire = tag >> 3, tag & 7
         value: Any
         if wire == 0:
-            value, pos = _varint(data, pos)
+            value, pos = read_varint(data, pos)
         elif wire == 2:
-            size, pos = _varint(data, pos)
+            size, pos = read_varint(data, pos)
             value, pos = data[pos:pos + size], pos + size
         elif wire in (1, 5):
             width = 8 if wire == 1 else 4
@@ -637,7 +637,7 @@ def _fast_tensor(data: bytes, where: str) -> np.ndarray:
     if data_type == DT.STRING:
         values = np.empty(len(fields.get(6, [])), dtype=object)
         values[:] = fields.get(6, [])
-    elif data_type in _BYTE_HOLDER and (5 in fields or data_type == DT.BYTE):
+    elif data_type in BYTE_HOLDER_TYPES and (5 in fields or data_type == DT.BYTE):
         buf = b"".join(fields.get(5, []))
         if len(buf) != numel * dtype.itemsize:
             raise TensorProtoError(f"{where}: incorrect data size: byte_data holds {len(buf)} "
@@ -677,160 +677,3 @@ def decode_tensor_protos(data: bytes, where: str = "") -> list[np.ndarray]:
             f"{where}: not a serialized TensorProtos ({error}); the record is corrupt or of "
             "another type (a Save record? read it with Load; a CaffeDatum? use ImageInput "
             "with use_caffe_datum=1).") from None
-
-
-# --- batched decoding of same-layout records -------------------------------------------------
-@dataclass(frozen=True)
-class _Payload:
-    offset: int
-    size: int
-    dtype: np.dtype
-    shape: tuple[int, ...]
-    varint: bool
-
-
-_PAYLOAD_FIELDS = {3: "<f4", 9: "<f8", 4: None, 10: None, 13: None, 5: None}
-
-
-def _walk(data: bytes, start: int, end: int) -> Iterator[tuple[int, int, int, Any, int]]:
-    """``(field, wire, value_start, value, value_end)`` for the fields in ``data[start:end]``."""
-    pos = start
-    while pos < end:
-        tag, pos = _varint(data, pos)
-        number, wire = tag >> 3, tag & 7
-        if wire == 0:
-            value, after = _varint(data, pos)
-            yield number, wire, pos, value, after
-        elif wire == 2:
-            size, body = _varint(data, pos)
-            yield number, wire, body, None, body + size
-            after = body + size
-        else:  # fixed-width scalars: leave such records to the general decoder
-            raise TensorProtoError("unpacked fixed-width field.")
-        pos = after
-    if pos != end:
-        raise TensorProtoError("field runs past the end of its message.")
-
-
-def _payload(data: bytes, start: int, end: int) -> _Payload | None:
-    """Where one TensorProto's element bytes sit, if it has the simple layout."""
-    fields = list(_walk(data, start, end))
-    dims = [v for n, w, _, v, _ in fields if n == 1 and w == 0]
-    packed_dims = [(s, e) for n, w, s, _, e in fields if n == 1 and w == 2]
-    if packed_dims:
-        return None
-    types = [v for n, w, _, v, _ in fields if n == 2]
-    data_type = types[-1] if types else DT.FLOAT
-    holders = [(n, s, e) for n, w, s, _, e in fields if n in _PAYLOAD_FIELDS and w == 2]
-    if len(holders) != 1 or any(n in (11, 15, 6) for n, *_ in fields):
-        return None
-    number, begin, finish = holders[0]
-    dtype = DATA_TYPE_TO_NUMPY.get(data_type)
-    if dtype is None or dtype.kind == "O" or data_type == DT.FLOAT16:
-        return None
-    numel = math.prod(dims)
-    if number in (3, 9):
-        if np.dtype(_PAYLOAD_FIELDS[number]) != dtype.newbyteorder("<"):
-            return None
-        raw_dtype, varint = np.dtype(_PAYLOAD_FIELDS[number]), False
-    elif number in (13, 5):
-        raw_dtype, varint = dtype.newbyteorder("<"), False
-    else:
-        raw_dtype, varint = np.dtype(np.uint8), True
-    count = (finish - begin) // raw_dtype.itemsize
-    if count != numel or (not varint and (finish - begin) % raw_dtype.itemsize):
-        return None
-    return _Payload(begin, finish - begin, raw_dtype if not varint else dtype,
-                    tuple(dims), varint)
-
-
-def _record_layout(data: bytes) -> tuple[list[_Payload], list[tuple[int, int]]] | None:
-    """The payloads of a record and the byte ranges between them (its structure)."""
-    payloads = []
-    for number, wire, begin, _, end in _walk(data, 0, len(data)):
-        if number != 1 or wire != 2:
-            return None
-        payload = _payload(data, begin, end)
-        if payload is None:
-            return None
-        payloads.append(payload)
-    gaps, pos = [], 0
-    for payload in sorted(payloads, key=lambda p: p.offset):
-        gaps.append((pos, payload.offset))
-        pos = payload.offset + payload.size
-    gaps.append((pos, len(data)))
-    return payloads, gaps
-
-
-def decode_tensor_protos_batch(values: list[bytes], where: str = "",
-                               keys: list[bytes] | None = None) -> list[np.ndarray]:
-    """Stack the tensors of many ``TensorProtos`` records: output i is
-    ``[len(values)] + dims`` of ``protos[i]``.  Records with the first one's byte layout
-    (same structure bytes, payloads at the same offsets) are copied straight from the
-    wire bytes; anything else goes through :func:`decode_tensor_protos` record by record."""
-    first = bytes(values[0])
-    try:
-        layout = _record_layout(first)
-    except TensorProtoError:
-        layout = None
-    if layout is not None:
-        stacked = _stack_payloads(values, first, *layout)
-        if stacked is not None:
-            return stacked
-    return _stack_slow(values, where, keys)
-
-
-def _stack_payloads(values: list[bytes], first: bytes, payloads: list[_Payload],
-                    gaps: list[tuple[int, int]]) -> list[np.ndarray] | None:
-    """The records joined into one [count, length] byte matrix (one copy, no per-record
-    Python), their structure bytes compared column-wise with the first record's, and each
-    payload's columns made contiguous; None when a record's layout differs."""
-    count, length = len(values), len(first)
-    if any(len(value) != length for value in values):
-        return None
-    rows = np.frombuffer(b"".join(values), np.uint8).reshape(count, length)
-    reference = np.frombuffer(first, np.uint8)
-    if any(b > a and not np.array_equal(rows[:, a:b], np.broadcast_to(reference[a:b],
-                                                                      (count, b - a)))
-           for a, b in gaps):
-        return None
-    result = []
-    for payload in payloads:
-        block = rows[:, payload.offset:payload.offset + payload.size]
-        if payload.varint:
-            if (block >= 0x80).any():
-                return None  # multi-byte varints: decode record by record
-            target = block.astype(payload.dtype)
-        else:
-            target = np.ascontiguousarray(block).view(payload.dtype)
-        result.append(target.reshape((count, *payload.shape)))
-    return result
-
-
-def _record_where(where: str, row: int, keys: list[bytes] | None) -> str:
-    key = f", key {keys[row]!r}" if keys is not None else ""
-    return f"{where or 'TensorProtos'}{key} (record {row} of the batch)"
-
-
-def _stack_slow(values: list[bytes], where: str,
-                keys: list[bytes] | None = None) -> list[np.ndarray]:
-    records = [decode_tensor_protos(v, _record_where(where, row, keys))
-               for row, v in enumerate(values)]
-    count = len(records[0])
-    for row, record in enumerate(records):
-        if len(record) != count:
-            raise TensorProtoError(f"{_record_where(where, row, keys)}: holds {len(record)} "
-                                   f"TensorProtos, the first record of the batch {count}.")
-    out = []
-    for i, sample in enumerate(records[0]):
-        batch = np.empty((len(records), *sample.shape), dtype=sample.dtype)
-        for row, record in enumerate(records):
-            if record[i].shape != sample.shape:
-                raise TensorProtoError(
-                    f"{_record_where(where, row, keys)}: proto {i} has dims "
-                    f"{list(record[i].shape)}, the "
-                    f"first record of the batch {list(sample.shape)}; all records must share "
-                    "per-output dims.")
-            batch[row] = record[i]
-        out.append(batch)
-    return out

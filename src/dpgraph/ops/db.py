@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from dpgraph.errors import ArgumentError, DBError, ShapeError
-from dpgraph.ir.blob_serde import decode_tensor_protos, decode_tensor_protos_batch
+from dpgraph.ir.blob_serde import decode_tensor_protos
+from dpgraph.ir.protos_batch import decode_joined_tensor_protos
 from dpgraph.ir.registry import register_gradient, register_op
 from dpgraph.ops.context import OpContext, Outputs
 from dpgraph.ops.fill import no_gradient
@@ -87,12 +88,13 @@ def tensor_protos_db_input(ctx: OpContext) -> Outputs:
     batch_size = ctx.int_arg("batch_size", 0)
     if batch_size < 0:
         raise ArgumentError(ctx.describe(f"batch_size must be >= 0, got {batch_size}."))
-    keys, values = reader.read_batch(max(batch_size, 1))
     where = f"TensorProtosDBInput reading {reader.db.where()}"
     if batch_size == 0:
-        outputs = decode_tensor_protos(values[0], f"{where}, key {keys[0]!r}")
+        key, value = reader.read()
+        outputs = decode_tensor_protos(value, f"{where}, key {key!r}")
     else:
-        outputs = decode_tensor_protos_batch(values, where, keys)
+        keys, lengths, joined = reader.read_joined(batch_size)
+        outputs = decode_joined_tensor_protos(joined, lengths, where, keys)
     if len(outputs) != ctx.num_outputs:
         raise ShapeError(ctx.describe(
             f"the records of {reader.db.where()} hold {len(outputs)} TensorProtos each, the "
