@@ -1,12 +1,16 @@
-"""The backward pass by cloning: gradients of the first two devices, copies for the rest.
+"""The backward pass by cloning: the first device's gradients, renamed copies for the rest.
 
 When the forward net is one block of ops per device (after any ops the model had before
 Parallelize, which no device reads), the backward pass of the whole net is the backward
 passes of the device blocks, last device first.  :func:`add_gradients_by_cloning` runs the
-backward pass for the first two devices' blocks, checks that the second is the first's
-renamed (ops and gradient map), and derives the other devices' gradient ops by renaming;
-it then updates the model as ``ModelHelper.AddGradientOperators`` does.  It returns False,
-having changed nothing, whenever that does not hold (the caller then runs the full pass).
+backward pass for the first device's block only; every other device whose forward block
+(and losses) is exactly the first's renamed gets the first's gradient ops and gradient map
+renamed.  Gradient makers build a gradient op from its forward op alone, so a renamed
+forward op has the renamed gradient; the first device's gradients must therefore live in
+its own scope, hold no nested nets and name no first-device blob in a string argument
+(a name that renaming would miss).  It then updates the model as
+``ModelHelper.AddGradientOperators`` does.  It returns False, having changed nothing,
+whenever any of that does not hold (the caller then runs the full pass).
 """
 
 from __future__ import annotations
@@ -83,6 +87,19 @@ def _scoped(grad_map: dict[Any, Any], ops: OpList, scope: str) -> bool:
     return all(n.startswith(scope) or n.startswith("_" + scope) for n in names)
 
 
+def _renamable(ops: OpList, scope: str) -> bool:
+    """No nested nets, and no string argument naming a blob of ``scope`` (renaming only
+    moves inputs, outputs and control inputs)."""
+    marker = scope.encode()
+    for op in ops:
+        for arg in op.arg:
+            if arg.HasField("n") or len(arg.nets):
+                return False
+            if marker in arg.s or any(marker in s for s in arg.strings):
+                return False
+    return True
+
+
 def _ys(state: ParallelState, device: int, loss_grad: dict[str, str]) -> dict[str, str]:
     return {str(loss): loss_grad[str(loss)] for loss in state.losses_by_device[device]}
 
@@ -92,13 +109,13 @@ def _renamer(state: ParallelState, device: int) -> Renamer:
     return Renamer(config.device_prefix, config.devices[0], device, config.device_type)
 
 
-def _same(ops: OpList, grad_map: dict[Any, Any], real_ops: OpList,
-          real_map: dict[Any, Any]) -> bool:
-    return (len(ops) == len(real_ops)
-            and all(a.SerializeToString() == b.SerializeToString()
-                    for a, b in zip(ops, real_ops))
-            and [(str(k), _value_names(v)) for k, v in grad_map.items()]
-            == [(str(k), _value_names(v)) for k, v in real_map.items()])
+def _is_renamed(compiled: list[OpPlan], renamer: Renamer, block: OpList) -> bool:
+    """Whether ``block`` is exactly the first device's block (as plans) renamed."""
+    if len(compiled) != len(block):
+        return False
+    renamed = [caffe2_pb2.OperatorDef() for _ in compiled]
+    renamer.ops_into(compiled, renamed)
+    return all(a == b for a, b in zip(renamed, block))
 
 
 def _cloned(compiled: list[OpPlan], grad_map: dict[Any, Any], renamer: Renamer
@@ -114,27 +131,37 @@ def add_gradients_by_cloning(state: ParallelState, forward_ops: int,
     """The backward pass of the net's first ``forward_ops`` ops for ``loss_grad`` (loss ->
     its gradient blob), by cloning; False (nothing changed) when it does not apply."""
     model, devices = state.model, state.devices
-    if len(devices) < 3 or model.gradient_ops_added:
+    if len(devices) < 2 or model.gradient_ops_added:
         return False
     proto = model.net.proto_for_reading()
     blocks = device_blocks(proto.op[:forward_ops], state)
     if blocks is None:
         return False
     # the loss-gradient fills come after the forward ops; the full pass sees them too
+    prefix = state.config.device_prefix
+    by_scope: dict[str | None, OpList] = {}
+    for op in proto.op[forward_ops:]:
+        by_scope.setdefault(_device_of(op, prefix), []).append(op)
     for block, device in zip(blocks, devices):
-        scope = state.namescope(device)
-        block.extend(op for op in proto.op[forward_ops:]
-                     if _device_of(op, state.config.device_prefix) == scope)
-    ops0, map0 = GetBackwardPass(blocks[0], _ys(state, devices[0], loss_grad))
-    if not _scoped(map0, ops0, state.namescope(devices[0]) + "/"):
+        block.extend(by_scope.get(state.namescope(device), ()))
+    ys0 = _ys(state, devices[0], loss_grad)
+    first_option = _renamer(state, devices[0]).first_option
+    forward0 = plans_of(blocks[0], first_option)
+    renamers = {device: _renamer(state, device) for device in devices[1:]}
+    for device, block in zip(devices[1:], blocks[1:]):
+        renamer = renamers[device]
+        expected_ys = {renamer.name(k): renamer.name(v) for k, v in ys0.items()}
+        if (list(_ys(state, device, loss_grad).items()) != list(expected_ys.items())
+                or not _is_renamed(forward0, renamer, block)):
+            return False
+    scope = state.namescope(devices[0]) + "/"
+    ops0, map0 = GetBackwardPass(blocks[0], ys0)
+    if not _scoped(map0, ops0, scope) or not _renamable(ops0, scope):
         return False
-    ops1, map1 = GetBackwardPass(blocks[1], _ys(state, devices[1], loss_grad))
-    compiled = plans_of(ops0, _renamer(state, devices[1]).first_option)
-    if not _same(*_cloned(compiled, map0, _renamer(state, devices[1])), ops1, map1):
-        return False
-    per_device = {devices[0]: (list(ops0), map0), devices[1]: (list(ops1), map1)}
-    for device in devices[2:]:
-        per_device[device] = _cloned(compiled, map0, _renamer(state, device))
+    compiled = plans_of(ops0, first_option)
+    per_device = {devices[0]: (list(ops0), map0)}
+    for device in devices[1:]:
+        per_device[device] = _cloned(compiled, map0, renamers[device])
     _publish_gradients(model, *_merged(per_device, devices, loss_grad))
     return True
 

@@ -20,9 +20,11 @@ from dpgraph.parallel.state import ParallelState
 
 log = logging.getLogger("dpgraph.parallel")
 
-#: Devices from which on Parallelize clones (the first two devices are always built by the
-#: builders, so with two devices there is nothing to clone).
-CLONE_MIN_DEVICES = 3
+#: Devices from which on Parallelize clones: the backward pass of the first device is
+#: renamed for the others (from two devices on); builders, when :data:`CLONE_BUILDERS`
+#: allows it, are cloned from three devices on (the first two are always built, the second
+#: to check the first's recording).
+CLONE_MIN_DEVICES = 2
 
 #: Whether the input and forward builders may be called for the first two devices only,
 #: the others being renamed copies (checked against the second device's real build).
@@ -117,7 +119,7 @@ def replicate(state: ParallelState) -> None:
         if template is not None and index >= 2:
             state.losses_by_device[device] = clone.apply(model, template,
                                                          _renamer(state, device))
-        elif CLONE_BUILDERS and len(devices) >= CLONE_MIN_DEVICES and index == 0:
+        elif CLONE_BUILDERS and len(devices) >= max(CLONE_MIN_DEVICES, 3) and index == 0:
             losses, first = _recorded_build(state, device)
             state.losses_by_device[device] = losses
             template = first if clone.replayable(first) else None
@@ -135,9 +137,10 @@ def replicate(state: ParallelState) -> None:
 
 def add_gradients(state: ParallelState) -> None:
     """``ConstantFill(loss, loss+"_grad", value=1.0)`` per loss (device scope only), then
-    one ``model.AddGradientOperators`` over every loss (with more than two devices, the
-    first two devices' backward passes and copies of the first's for the others, when
-    the devices' blocks are independent; see :mod:`dpgraph.parallel.clone_gradients`)."""
+    one ``model.AddGradientOperators`` over every loss (with several devices, the first
+    device's backward pass and renamed copies of it for the others, when the devices'
+    blocks are independent and each is the first's renamed; see
+    :mod:`dpgraph.parallel.clone_gradients`)."""
     model = state.model
     forward_ops = len(model.net.proto_for_reading().op)
     loss_grad: dict[str, str] = {}
