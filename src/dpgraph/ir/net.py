@@ -324,6 +324,38 @@ class Net:
         defined.update(outputs)
         return op
 
+    def append_ops_like(self, template: caffe2_pb2.OperatorDef,
+                        outputs: Sequence[Sequence[str]],
+                        device_ids: Sequence[int] | None = None) -> None:
+        """Append one copy of ``template`` per entry of ``outputs``, writing those outputs
+        (and, with ``device_ids``, on that device id): what :meth:`append_op` of each
+        would make, in one go (the template's undefined inputs are declared external
+        once, before the first copy, as the first ``append_op`` would; the others then
+        declare nothing)."""
+        self._lookup()
+        defined, external = self._op_outputs, self._external_input_map
+        new: list[str] = []
+        for name in template.input:
+            if name not in defined and name not in external and name not in new:
+                new.append(name)
+        ops = self._net.op
+        start = len(ops)
+        try:
+            for index, names in enumerate(outputs):
+                op = ops.add()
+                op.CopyFrom(template)
+                op.output[:] = names
+                if device_ids is not None:
+                    op.device_option.device_id = device_ids[index]
+        except BaseException:
+            del ops[start:]
+            raise
+        if new and start < len(ops):
+            self._net.external_input.extend(new)
+            external.update(new)
+        for names in outputs:
+            defined.update(names)
+
     # --- whole-net transformations -----------------------------------------------------
     def Clone(
         self,

@@ -25,7 +25,7 @@ import numpy as np
 from dpgraph.errors import ParallelizeError
 from dpgraph.ir.blob import GradientSlice
 from dpgraph.ir.device import IsGPUDeviceType
-from dpgraph.parallel._emit import device_option, emit_op
+from dpgraph.parallel._emit import device_option, emit_copies, emit_op
 from dpgraph.parallel.state import ParallelState
 from dpgraph.proto import caffe2_pb2
 
@@ -57,14 +57,16 @@ def broadcast(state: ParallelState, net: Any, name: str, use_nccl: bool = False)
         emit_op(net, "NCCLBroadcast", blobs, blobs,
                 device_option(state.config.device_type, master))
         return
-    if gpu:
-        options = [device_option(state.config.device_type, d) for d in state.devices[1:]]
+    replicas = state.devices[1:]
+    if not replicas:
+        return
+    outputs = [[str(group[device])] for device in replicas]
+    if gpu:  # each copy on its target device
+        emit_copies(net, "Copy", [group[master]], outputs,
+                    device_option(state.config.device_type, replicas[0]), list(replicas))
     else:
         option = _HOST_OPTIONS[IDEEP if blob_type == IDEEP else CPU]  # (only copied from)
-        options = [option] * (len(state.devices) - 1)
-    source = [group[master]]
-    for device, option in zip(state.devices[1:], options):
-        emit_op(net, "Copy", source, [group[device]], option)
+        emit_copies(net, "Copy", [group[master]], outputs, option)
 
 
 def broadcast_computed_params(state: ParallelState) -> None:
