@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
+import os
 import statistics
 import sys
 import tempfile
@@ -127,6 +128,12 @@ def main() -> None:
 
     counts = [int(p) for p in args.processes.split(",")]
     cost = calibrate(2)
+    # the runs' "auto" buckets come from the same calibration the predictions use
+    model_file = tempfile.NamedTemporaryFile("w", suffix=".json", prefix="dpgraph-cost-",
+                                             delete=False)
+    model_file.close()
+    cost.save(model_file.name)
+    os.environ["DPGRAPH_COST_MODEL"] = model_file.name
     profile = _profile(args.batch)
     out: dict[str, Any] = {"model": profile.name, "batch_per_process": args.batch,
                            "gradients": len(profile.grads),
@@ -144,10 +151,13 @@ def main() -> None:
             step = measure(size, bucket_mb, args.batch, args.iters)
             size_bytes = (None if bucket_mb is None else
                           sqrt_rule_bytes(profile.grad_bytes, cost, "gloo", size, 1))
-            predicted = predict(profile, cost, size, size_bytes, compute_s=alone).step_s
+            guess = predict(profile, cost, size, size_bytes, compute_s=alone)
+            predicted = guess.step_s
             out["runs"].append({
                 "processes": size, "sync": mode, "step_s": step, "vs_one_process": step / one,
-                "vs_independent": step / alone, "predicted_step_s": predicted,
+                "vs_independent": step / alone, "bucket_mb": guess.bucket_mb,
+                "collectives": guess.collectives, "predicted_step_s": predicted,
+                "predicted_contention_s": guess.contention_s,
                 "prediction_error": abs(predicted - step) / step,
                 "best_predicted_bucket_mb": best_bucket_bytes(profile, cost, size,
                                                               compute_s=alone) / 2**20})
@@ -155,6 +165,8 @@ def main() -> None:
     out["target_2proc_bucketed_le_1.15"] = bool(two and two[0]["vs_one_process"] <= 1.15)
     out["target_predictions_within_25pct"] = all(r["prediction_error"] <= 0.25
                                                  for r in out["runs"] if "prediction_error" in r)
+    out["load_average"] = os.getloadavg()
+    os.unlink(model_file.name)
     json.dump(out, sys.stdout, indent=2)
     print()
 

@@ -3,13 +3,22 @@ and the compute speed of this machine.
 
 :func:`probe_world` runs on every rank of an existing common world at once and agrees on one
 result (the timings are averaged with the world itself), so every rank derives the same
-bucket sizes from it.  :func:`calibrate` starts ``processes`` local ranks over Gloo on
+bucket sizes from it.  It measures what a training step sees: collectives issued back to
+back without a barrier (so a rank's time includes waiting for a later peer, as after a
+backward pass), the *median* of the repeats (not the best: a step pays the typical cost),
+over sizes from 4 KiB to 4 MiB (the latency-bound small buckets and the gradient and bucket
+sizes of a step), fitted by least squares of the *relative* error so the small sizes
+set ``alpha`` and the large ones ``beta``.  It also measures the CPU time (every thread of
+the process) each collective costs a rank; the share of it that comes out of the overlapped
+compute (:func:`contention_share`: all of it when the ranks on a host compute on every core)
+gives the model's contention term.  :func:`calibrate` starts ``processes`` local ranks over Gloo on
 loopback and returns a :class:`CostModel` (``dpgraph plan --calibrate PATH`` saves it).
 """
 
 from __future__ import annotations
 
 import multiprocessing
+import os
 import tempfile
 import time
 from collections.abc import Sequence
@@ -20,7 +29,8 @@ import numpy as np
 
 from dpgraph.parallel.plan.cost_model import DEFAULTS, AlphaBeta, CostModel
 
-PROBE_BYTES = (4 << 10, 64 << 10, 1 << 20, 8 << 20)
+PROBE_BYTES = (4 << 10, 64 << 10, 256 << 10, 1 << 20, 2 << 20, 4 << 20)
+PROBE_REPEATS = 9
 
 
 def _best_time(fn: Any, repeats: int) -> float:
@@ -32,32 +42,71 @@ def _best_time(fn: Any, repeats: int) -> float:
     return best
 
 
+def _typical_times(fn: Any, repeats: int) -> tuple[float, float]:
+    """Median wall time and median CPU time (all threads of this process) of ``fn``."""
+    walls, cpus = [], []
+    for _ in range(repeats):
+        cpu, start = time.process_time(), time.perf_counter()
+        fn()
+        walls.append(time.perf_counter() - start)
+        cpus.append(time.process_time() - cpu)
+    return float(np.median(walls)), float(np.median(cpus))
+
+
 def fit(sizes: Sequence[float], times: Sequence[float], steps: float,
         volume: float) -> AlphaBeta:
-    """Least squares of ``t = steps * alpha + volume * n * beta`` (both kept >= 0)."""
-    a = np.array([[steps, volume * n] for n in sizes], dtype=np.float64)
-    solution, *_ = np.linalg.lstsq(a, np.asarray(times, dtype=np.float64), rcond=None)
+    """Least squares of the relative error of ``t = steps * alpha + volume * n * beta``
+    (both kept >= 0): small sizes weigh as much as large ones."""
+    t = np.maximum(np.asarray(times, dtype=np.float64), 1e-12)
+    a = np.array([[steps, volume * n] for n in sizes], dtype=np.float64) / t[:, None]
+    solution, *_ = np.linalg.lstsq(a, np.ones_like(t), rcond=None)
     alpha, beta = (max(float(v), 0.0) for v in solution)
     if beta == 0.0:
-        beta = float(times[-1]) / (volume * sizes[-1])
+        beta = max(float(t[-1]) - steps * alpha, 0.0) / (volume * sizes[-1])
     return AlphaBeta(alpha, beta)
 
 
-def probe_world(world: Any, sizes: Sequence[int] = PROBE_BYTES, repeats: int = 5) -> AlphaBeta:
-    """Alpha-beta figures of ``world`` (a collective backend), identical on every rank.
+def _usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def contention_share(local_ranks: int, cpus: int | None = None) -> float:
+    """The share of a collective's CPU time that comes out of the overlapped compute when
+    ``local_ranks`` ranks (one compute thread each) share this host's ``cpus``: 0 with a
+    free core per rank for the transport, 1 with none free, linear in between."""
+    cpus = _usable_cpus() if cpus is None else cpus
+    free = max(cpus - local_ranks, 0)
+    return min(max(1.0 - free / max(local_ranks, 1), 0.0), 1.0)
+
+
+def probe_world(world: Any, sizes: Sequence[int] = PROBE_BYTES,
+                repeats: int = PROBE_REPEATS, local_ranks: int = 1) -> AlphaBeta:
+    """Alpha-beta figures of ``world`` (a collective backend), identical on every rank:
+    median times of back-to-back all-reduces, and the contention term from their CPU time
+    (``local_ranks``: the ranks of the world computing on this host's cores).
 
     Every rank must call this at the same point (it issues collectives on ``world``).
     """
     p = world.size
-    times = []
+    walls, cpus = [], []
     for nbytes in sizes:
         buffer = np.ones(max(nbytes // 4, 1), dtype=np.float32)
         world.allreduce([buffer])  # warm the connection and the buffer
-        times.append(_best_time(lambda b=buffer: world.allreduce([b]), repeats))
-    agreed = np.array(times, dtype=np.float64)
+        wall, cpu = _typical_times(lambda b=buffer: world.allreduce([b]), repeats)
+        walls.append(wall)
+        cpus.append(cpu)
+    agreed = np.array(walls + cpus, dtype=np.float64)
     world.allreduce([agreed])
     agreed /= p
-    return fit(list(sizes), list(agreed), 2 * (p - 1), 2 * (p - 1) / p)
+    steps, volume = 2 * (p - 1), 2 * (p - 1) / p
+    figures = fit(list(sizes), list(agreed[:len(sizes)]), steps, volume)
+    share = contention_share(local_ranks)
+    cpu = (fit(list(sizes), list(agreed[len(sizes):] * share), steps, volume) if share > 0
+           else AlphaBeta(0.0, 0.0))
+    return AlphaBeta(figures.alpha, figures.beta, cpu.alpha, cpu.beta)
 
 
 def probe_local(sizes: Sequence[int] = PROBE_BYTES, repeats: int = 5) -> AlphaBeta:
@@ -92,15 +141,16 @@ def _rank_main(rank: int, size: int, path: str, queue: Any) -> None:
     world = create_backend("gloo", store=file_store(path, "calibrate"), rank=rank, size=size,
                            world="calibrate", timeout=60.0)
     try:
-        figures = probe_world(world)
+        figures = probe_world(world, local_ranks=size)
     finally:
         world.close()
     if rank == 0:
-        queue.put((figures.alpha, figures.beta))
+        queue.put(figures)
 
 
 def calibrate(processes: int = 2, timeout: float = 120.0) -> CostModel:
-    """Measure Gloo over ``processes`` local ranks, local reductions and compute speed."""
+    """Measure Gloo over ``processes`` local ranks (their contention term assumes they
+    compute on this host's cores, one thread each), local reductions and compute speed."""
     context = multiprocessing.get_context("spawn")
     queue = context.Queue()
     with tempfile.TemporaryDirectory(prefix="dpgraph-calibrate-") as tmp:
@@ -109,8 +159,8 @@ def calibrate(processes: int = 2, timeout: float = 120.0) -> CostModel:
                                  daemon=True) for r in range(processes)]
         for proc in procs:
             proc.start()
-        alpha, beta = queue.get(timeout=timeout)
+        figures = queue.get(timeout=timeout)
         for proc in procs:
             proc.join(timeout)
-    backends = {**DEFAULTS, "gloo": AlphaBeta(alpha, beta), "local": probe_local()}
+    backends = {**DEFAULTS, "gloo": figures, "local": probe_local()}
     return CostModel(backends, probe_flops(), f"calibrated ({processes} processes)")

@@ -6,6 +6,12 @@ reduce-scatter then an all-gather, ``p - 1`` steps each)::
 
     allreduce(n, p) = 2 (p - 1) alpha + 2 (p - 1) / p * n * beta
 
+Where the transport's work runs on the cores the ranks compute on (loopback Gloo with as
+many processes as free cores), a collective also takes CPU time from the overlapped compute.
+That is a measured term of the same form, ``contention(n, p) = 2 (p - 1) cpu_alpha +
+2 (p - 1) / p * n * cpu_beta`` (compute time one rank loses per collective; 0 where the
+transport has cores of its own, the default).
+
 ``local`` is the in-process reduction over local devices (one ``Sum``/``Copy`` chain per
 blob: ``alpha`` is one op's overhead, ``beta`` the memory time per byte and extra copy).
 Models are loaded from a JSON file (``DPGRAPH_COST_MODEL`` or ``dpgraph plan --calibrate``'s
@@ -17,7 +23,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,16 +34,26 @@ ENV_VAR = "DPGRAPH_COST_MODEL"
 
 @dataclass(frozen=True)
 class AlphaBeta:
-    """Latency per collective step (s) and time per byte (s/B) of one backend."""
+    """Latency per collective step (s) and time per byte (s/B) of one backend, and the
+    compute time a rank loses to a collective that overlaps its compute (same form)."""
 
     alpha: float
     beta: float
+    cpu_alpha: float = 0.0
+    cpu_beta: float = 0.0
 
     def allreduce(self, nbytes: float, ranks: int) -> float:
         """Ring all-reduce time of ``nbytes`` over ``ranks`` (0 for one rank)."""
         if ranks <= 1:
             return 0.0
         return 2 * (ranks - 1) * self.alpha + 2 * (ranks - 1) / ranks * nbytes * self.beta
+
+    def contention(self, nbytes: float, ranks: int) -> float:
+        """Compute time one rank loses while an all-reduce of ``nbytes`` overlaps it."""
+        if ranks <= 1:
+            return 0.0
+        return (2 * (ranks - 1) * self.cpu_alpha
+                + 2 * (ranks - 1) / ranks * nbytes * self.cpu_beta)
 
     def local_reduce(self, nbytes: float, devices: int) -> float:
         """Sum over ``devices`` local copies and copy back: ``devices - 1`` adds and copies."""
@@ -81,8 +97,8 @@ class CostModel:
                        flops_per_sec: float | None = None) -> CostModel:
         """A copy with ``alpha`` (s), ``bandwidth`` (B/s) or compute speed replaced."""
         current = self.backend(backend)
-        figures = AlphaBeta(alpha if alpha is not None else current.alpha,
-                            1.0 / bandwidth if bandwidth else current.beta)
+        figures = replace(current, alpha=alpha if alpha is not None else current.alpha,
+                          beta=1.0 / bandwidth if bandwidth else current.beta)
         backends = {**self.backends, backend.lower(): figures}
         return CostModel(backends, flops_per_sec or self.flops_per_sec, self.source)
 
@@ -99,11 +115,14 @@ def from_json(data: Mapping[str, Any], source: str = "json") -> CostModel:
     try:
         backends = dict(DEFAULTS)
         for name, figures in dict(data.get("backends", {})).items():
-            backends[name.lower()] = AlphaBeta(float(figures["alpha"]), float(figures["beta"]))
+            backends[name.lower()] = AlphaBeta(
+                float(figures["alpha"]), float(figures["beta"]),
+                float(figures.get("cpu_alpha", 0.0)), float(figures.get("cpu_beta", 0.0)))
         speed = float(data.get("flops_per_sec", CostModel().flops_per_sec))
-    except (KeyError, TypeError, ValueError) as error:
+    except (AttributeError, KeyError, TypeError, ValueError) as error:
         raise ParallelizeError(
-            f"Cost model {source}: expected {{'backends': {{name: {{'alpha': s, 'beta': s/B}}}}, "
+            f"Cost model {source}: expected {{'backends': {{name: {{'alpha': s, 'beta': s/B "
+            f"(optional 'cpu_alpha': s, 'cpu_beta': s/B)}}}}, "
             f"'flops_per_sec': n}}; {error}") from error
     return CostModel(backends, speed, source)
 

@@ -3,9 +3,12 @@
 The simulation: a worker runs its forward pass, then its backward pass; each bucket (a
 single gradient in the per-blob graph) becomes ready when its last gradient exists and is
 reduced on one communication channel, in readiness order, as soon as the previous one is
-done.  The step ends when both the backward pass and the last collective are done::
+done.  A collective that starts while the backward pass still runs takes the backend's
+contention term (its CPU time on shared cores) from the compute, which moves the rest of the
+backward pass later.  The step ends when both the backward pass and the last collective are
+done::
 
-    step = max(compute, finish of the last collective)
+    step = max(compute + contention, finish of the last collective)
     communication share = exposed communication / step, efficiency = compute / step
 """
 
@@ -31,6 +34,7 @@ class Prediction:
     compute_s: float
     comm_s: float  # sum of collective times
     step_s: float
+    contention_s: float = 0.0  # compute time lost to collectives overlapping it
 
     @property
     def exposed_s(self) -> float:
@@ -84,15 +88,20 @@ def predict(profile: StepProfile, model: CostModel, workers: int,
     scale = compute / total_flops if total_flops else 0.0
     backward_start = profile.forward_flops * scale
     buckets = bucket_sizes([g.nbytes for g in profile.grads], bucket_bytes)
-    channel, comm = 0.0, 0.0
+    figures = model.backend(backend)
+    channel, comm, stolen = 0.0, 0.0, 0.0
     for last, nbytes in buckets:
-        ready = backward_start + profile.grads[last].ready_flops * scale
+        ready = backward_start + profile.grads[last].ready_flops * scale + stolen
         cost = collective_time(model, backend, nbytes, workers, local_devices)
-        channel = max(channel, ready) + cost
+        start = max(channel, ready)
+        channel = start + cost
         comm += cost
-    step = max(compute, channel) if (workers > 1 or local_devices > 1) else compute
+        if start < compute + stolen:  # overlaps the rest of the backward pass
+            stolen += figures.contention(nbytes, workers)
+    step = (max(compute + stolen, channel) if (workers > 1 or local_devices > 1)
+            else compute)
     mb = None if bucket_bytes is None else bucket_bytes / MB
-    return Prediction(workers, mb, len(buckets), compute, comm, step)
+    return Prediction(workers, mb, len(buckets), compute, comm, step, stolen)
 
 
 def best_bucket_bytes(profile: StepProfile, model: CostModel, workers: int,
@@ -116,10 +125,11 @@ def best_bucket_bytes(profile: StepProfile, model: CostModel, workers: int,
 def sqrt_rule_bytes(total_bytes: float, model: CostModel, backend: str, workers: int,
                     local_devices: int) -> float:
     """Bucket size without a compute timeline: ``k`` buckets cost ``k * a + B * b`` of
-    exposed time (latency of every collective plus the last bucket, which cannot overlap),
-    minimal at ``B = sqrt(N a / b)``."""
-    alpha = (collective_time(model, backend, 0.0, workers, local_devices))
-    beta = collective_time(model, backend, 1.0, workers, local_devices) - alpha
+    exposed time (latency and contention of every collective plus the last bucket, which
+    cannot overlap), minimal at ``B = sqrt(N a / b)``."""
+    latency = collective_time(model, backend, 0.0, workers, local_devices)
+    beta = collective_time(model, backend, 1.0, workers, local_devices) - latency
+    alpha = latency + model.backend(backend).contention(0.0, workers)
     if alpha <= 0 or beta <= 0 or total_bytes <= 0:
         return max(total_bytes, MIN_BUCKET_BYTES)
     best = math.sqrt(total_bytes * alpha / beta)

@@ -1,0 +1,115 @@
+"""Calibration that measures what a step sees: median times over the bucket sizes, the
+relative least-squares fit, and the contention term (a collective's CPU time taken from the
+overlapped compute) in the cost model and the planner."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dpgraph.errors import ParallelizeError
+from dpgraph.parallel.plan import AlphaBeta, CostModel, load, predict
+from dpgraph.parallel.plan.calibrate import PROBE_BYTES, contention_share, fit, probe_world
+from dpgraph.parallel.plan.planner import MB, sqrt_rule_bytes
+from dpgraph.parallel.plan.profile import GradTiming, StepProfile
+
+
+def test_contention_formula_and_json_round_trip(tmp_path: Path) -> None:
+    figures = AlphaBeta(1e-4, 1e-9, cpu_alpha=2e-5, cpu_beta=3e-10)
+    assert figures.contention(1e6, 3) == pytest.approx(4 * 2e-5 + 4 / 3 * 1e6 * 3e-10)
+    assert figures.contention(1e6, 1) == 0.0
+    assert AlphaBeta(1e-4, 1e-9).contention(1e6, 4) == 0.0  # default: own cores
+    path = tmp_path / "cost.json"
+    CostModel({"gloo": figures}).save(path)
+    assert load(path).backend("gloo") == figures
+    path.write_text('{"backends": {"gloo": {"alpha": 1e-4, "beta": 1e-9}}}')  # older files
+    assert load(path).backend("gloo") == AlphaBeta(1e-4, 1e-9)
+    path.write_text('{"backends": {"gloo": [1, 2]}}')
+    with pytest.raises(ParallelizeError, match="cpu_alpha"):
+        load(path)
+    # overriding alpha or bandwidth keeps the measured contention
+    changed = CostModel({"gloo": figures}).with_overrides("gloo", alpha=5e-4)
+    assert changed.backend("gloo") == AlphaBeta(5e-4, 1e-9, 2e-5, 3e-10)
+
+
+def test_relative_fit_keeps_the_small_sizes() -> None:
+    sizes = [4e3, 6.4e4, 2.56e5, 1e6, 4e6]
+    exact = [2 * 1e-4 + n * 1e-9 for n in sizes]
+    figures = fit(sizes, exact, steps=2, volume=1)
+    assert figures.alpha == pytest.approx(1e-4, rel=1e-6)
+    assert figures.beta == pytest.approx(1e-9, rel=1e-6)
+    # one slow large size (a loopback cliff) must not wipe out the latency term
+    noisy = exact[:-1] + [exact[-1] * 1.8]
+    bent = fit(sizes, noisy, steps=2, volume=1)
+    assert bent.alpha > 0.5e-4 and bent.beta > 1e-9
+
+
+def test_contention_share() -> None:
+    assert contention_share(2, cpus=2) == 1.0  # every core computes
+    assert contention_share(3, cpus=2) == 1.0
+    assert contention_share(2, cpus=4) == 0.0  # a free core per rank
+    assert contention_share(2, cpus=3) == 0.5
+    assert contention_share(1, cpus=64) == 0.0
+
+
+class _FakeWorld:
+    """Two identical ranks: an all-reduce sleeps ``alpha + n * beta`` seconds and burns
+    ``cpu`` seconds of CPU first; the sum over ranks doubles the buffer."""
+
+    size = 2
+
+    def __init__(self, alpha: float, beta: float, cpu: float) -> None:
+        self.alpha, self.beta, self.cpu = alpha, beta, cpu
+
+    def allreduce(self, buffers: list[np.ndarray]) -> list[np.ndarray]:
+        buffer = buffers[0]
+        if buffer.dtype == np.float64:  # the agreement step
+            buffer *= self.size
+            return buffers
+        end = time.process_time() + self.cpu
+        while time.process_time() < end:
+            pass
+        time.sleep(max(self.alpha + buffer.nbytes * self.beta - self.cpu, 0.0))
+        return buffers
+
+
+def test_probe_world_measures_latency_bandwidth_and_cpu() -> None:
+    assert max(PROBE_BYTES) >= 2 * MB  # covers the bucket sizes a step uses
+    world = _FakeWorld(alpha=2e-3, beta=1e-9, cpu=1e-3)
+    figures = probe_world(world, sizes=(4 << 10, 1 << 20, 4 << 20), repeats=3, local_ranks=64)
+    # p = 2: t = 2 alpha' + n beta', so alpha' ~ 1 ms and beta' ~ 1 ns/B (sleeps overshoot)
+    assert figures.alpha == pytest.approx(1e-3, rel=0.5)
+    assert figures.beta == pytest.approx(1e-9, rel=0.5)
+    assert figures.cpu_alpha == pytest.approx(0.5e-3, rel=0.5)  # all CPU time is contention
+    idle = probe_world(world, sizes=(4 << 10, 1 << 20), repeats=2, local_ranks=0)
+    assert idle.cpu_alpha == idle.cpu_beta == 0.0  # free cores: no contention
+
+
+def _profile() -> StepProfile:
+    grads = (GradTiming("late_big", 4 * MB, 1e9), GradTiming("last", 4096, 2e9))
+    return StepProfile("two", 1e9, 2e9, grads)
+
+
+def test_prediction_adds_the_contention_of_overlapped_collectives() -> None:
+    plain = CostModel({"gloo": AlphaBeta(1e-5, 1e-10)}, flops_per_sec=1e11)  # 30 ms compute
+    shared = CostModel({"gloo": AlphaBeta(1e-5, 1e-10, 1e-3, 1e-9)}, flops_per_sec=1e11)
+    base = predict(_profile(), plain, 2, None)
+    slow = predict(_profile(), shared, 2, None)
+    assert base.contention_s == 0.0
+    # the 4 MiB gradient overlaps the backward pass; the last one runs after it
+    lost = shared.backend("gloo").contention(4 * MB, 2)
+    assert slow.contention_s == pytest.approx(lost)
+    assert slow.step_s == pytest.approx(base.step_s + lost, rel=1e-6)
+    assert slow.to_json()["contention_s"] == pytest.approx(lost)
+    assert predict(_profile(), shared, 1, None).step_s == base.compute_s
+
+
+def test_sqrt_rule_counts_contention_per_collective() -> None:
+    plain = CostModel({"gloo": AlphaBeta(1e-4, 1e-9)})
+    shared = CostModel({"gloo": AlphaBeta(1e-4, 1e-9, cpu_alpha=3e-4)})
+    small = sqrt_rule_bytes(100 * MB, plain, "gloo", 2, 1)
+    large = sqrt_rule_bytes(100 * MB, shared, "gloo", 2, 1)
+    assert large == pytest.approx(2 * small, rel=0.26)  # 4x the per-collective cost
