@@ -126,13 +126,6 @@ def pillow_loop_threads(jpegs: list[bytes], threads: int) -> float:
     return rate.stop()[0]
 
 
-def _finish_prefetch() -> None:
-    """Wait for the batch the op started past the timed ones (it is dropped)."""
-    reader = workspace.FetchBlob("reader")
-    for prefetcher in getattr(reader, "__dict__", {}).get("_prefetchers", {}).values():
-        prefetcher.cancel()
-
-
 def image_input_rate(db: str, threads: int, batches: int) -> tuple[float, float]:
     workspace.ResetWorkspace()
     workspace.RunOperatorOnce(core.CreateOperator("CreateDB", [], ["reader"], db=db,
@@ -145,7 +138,7 @@ def image_input_rate(db: str, threads: int, batches: int) -> tuple[float, float]
     rate = Rate(batches * BATCH)
     workspace.RunNet(net, batches)
     result = rate.stop()
-    _finish_prefetch()
+    workspace.ResetWorkspace()  # destroys the op: waits for its prefetch and drops it
     return result
 
 

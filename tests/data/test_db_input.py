@@ -149,3 +149,68 @@ def test_interpreter_exits_with_a_prefetch_blocked_on_a_queue() -> None:
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                           timeout=60)
     assert done.returncode == 0 and "ran; exiting" in done.stdout, done.stderr[-2000:]
+
+
+def _labels_of_runs(db: Path, runs: int, **args: int) -> list[list[int]]:
+    """Labels delivered by ``runs`` RunOperatorOnce calls (each a new op instance)."""
+    workspace.RunOperatorOnce(core.CreateOperator("CreateDB", [], ["r"], db=str(db),
+                                                  db_type="lmdb"))
+    delivered = []
+    for _ in range(runs):
+        workspace.RunOperatorOnce(core.CreateOperator("TensorProtosDBInput", ["r"],
+                                                      ["d", "l"], batch_size=2, **args))
+        delivered.append(workspace.FetchBlob("l").tolist())
+    workspace.ResetWorkspace()
+    return delivered
+
+
+def test_a_destroyed_op_drops_its_prefetched_batch_as_caffe2s(tmp_path: Path) -> None:
+    """PrefetchOperator: the reader is one batch ahead; the batch in flight when the op goes
+    away (the end of RunOperatorOnce) is consumed and dropped."""
+    items = _in_key_order(write_lmdb_tensor_protos(tmp_path / "db", 12))
+    labels = [label for _, label in items]
+    assert _labels_of_runs(tmp_path / "db", 3) == [labels[0:2], labels[4:6], labels[8:10]]
+    assert _labels_of_runs(tmp_path / "db", 3, no_prefetch=1) == [labels[0:2], labels[2:4],
+                                                                    labels[4:6]]
+
+
+def test_prefetching_delivers_the_synchronous_sequence(tmp_path: Path) -> None:
+    write_lmdb_tensor_protos(tmp_path / "db", 7)
+    batches = {}
+    for no_prefetch in (0, 1):
+        workspace.ResetWorkspace()
+        workspace.RunOperatorOnce(core.CreateOperator("CreateDB", [], ["r"],
+                                                      db=str(tmp_path / "db"), db_type="lmdb"))
+        net = core.Net(f"input{no_prefetch}")
+        net.TensorProtosDBInput(["r"], ["d", "l"], batch_size=3, no_prefetch=no_prefetch)
+        workspace.CreateNet(net)
+        runs = []
+        for _ in range(6):
+            workspace.RunNet(net)
+            runs.append((workspace.FetchBlob("d"), workspace.FetchBlob("l")))
+        batches[no_prefetch] = runs
+    for (data, label), (sync_data, sync_label) in zip(batches[0], batches[1]):
+        assert np.array_equal(data, sync_data) and np.array_equal(label, sync_label)
+
+
+def test_destroying_an_op_whose_prefetch_waits_on_an_empty_queue_returns() -> None:
+    import time
+
+    init = core.Net("init")
+    queue = init.CreateBlobsQueue([], "queue", capacity=4)
+    init.CreateBlobsQueueDB([queue], "reader")  # timeout_secs 0: reads wait forever
+    workspace.RunNetOnce(init)
+    for label in (7, 8):
+        record = caffe2_pb2.TensorProtos()
+        record.protos.add(data_type=caffe2_pb2.TensorProto.INT32, int32_data=[label])
+        workspace.FeedBlob("record", record.SerializeToString())
+        workspace.RunOperatorOnce(core.CreateOperator(
+            "SafeEnqueueBlobs", ["queue", "record"], ["record", "status"]))
+    net = core.Net("queue_input")
+    net.TensorProtosDBInput(["reader"], ["label"], batch_size=1)
+    workspace.CreateNet(net)
+    workspace.RunNet(net)  # delivers 7; the prefetch reads 8, then waits for a third
+    assert workspace.FetchBlob("label").tolist() == [7]
+    start = time.monotonic()
+    workspace.ResetWorkspace()
+    assert time.monotonic() - start < 10

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import warnings
 
 import numpy as np
@@ -222,7 +223,11 @@ def test_stringify_and_registry_helpers() -> None:
     assert workspace.StringifyNetName(net) == net.Name()
 
 
-def test_global_init_flags() -> None:
+def test_global_init_flags(monkeypatch: pytest.MonkeyPatch) -> None:
+    # --caffe2_omp_num_threads sets OMP_NUM_THREADS for processes started later: keep it
+    # from leaking into other tests' subprocesses (their BLAS would sum in another order)
+    monkeypatch.setenv("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", ""))
+    monkeypatch.delenv("OMP_NUM_THREADS")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert workspace.GlobalInit(["prog", "--caffe2_log_level=0",

@@ -1,32 +1,37 @@
 """Decode thread pools and one-batch-ahead prefetching for the input ops.
 
-Pools are shared per size and live for the process (idle threads cost nothing and are
-joined at exit).  A :class:`Prefetcher` keeps the next batch in flight: each call returns the
-batch started by the previous call and starts the next one, so the delivered sequence is the
-same as reading synchronously.
+Decode pools are shared per size and live for the process (idle threads cost nothing and
+are joined at exit).  A :class:`Prefetcher` (one per input op instance, with its own thread)
+keeps the next batch in flight: each call returns the batch started by the previous call and
+starts the next one, so the delivered sequence is the same as reading synchronously.
 """
 
 from __future__ import annotations
 
+import queue
 import sys
 import threading
+import weakref
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
-from dpgraph.ops.queue import cancel_blocking_waits
+from dpgraph.ops.queue import cancel_blocking_waits, forget_cancelled
 
 _POOLS: dict[int, ThreadPoolExecutor] = {}
 _LOCK = threading.Lock()
 
 
 def _release_pool_threads() -> None:
-    """At interpreter exit, before the pools are joined: a decode or prefetch task blocked
-    on a blobs queue (an ImageInput over CreateBlobsQueueDB) gives up instead of hanging."""
-    pools = list(_POOLS.values()) + list(_PREFETCH_POOL)
-    cancel_blocking_waits(t.ident for pool in pools for t in getattr(pool, "_threads", ()))
+    """At interpreter exit, before the threads are joined: a decode or prefetch task
+    blocked on a blobs queue (an input op over CreateBlobsQueueDB) gives up instead of
+    hanging, and prefetch threads end."""
+    cancel_blocking_waits(t.ident for pool in _POOLS.values()
+                          for t in getattr(pool, "_threads", ()))
+    for prefetcher in list(_LIVE):
+        prefetcher.release_at_exit()
 
 
 if hasattr(threading, "_register_atexit"):  # runs before concurrent.futures joins its pools
@@ -44,39 +49,94 @@ def decode_pool(threads: int) -> ThreadPoolExecutor:
         return pool
 
 
-_PREFETCH_POOL: list[ThreadPoolExecutor] = []
-
-
-def _prefetch_pool() -> ThreadPoolExecutor:
-    with _LOCK:
-        if not _PREFETCH_POOL:
-            _PREFETCH_POOL.append(ThreadPoolExecutor(4, thread_name_prefix="dpgraph-prefetch"))
-        return _PREFETCH_POOL[0]
+#: How long closing an op waits for its prefetch before telling a queue wait to give up.
+CLOSE_WAIT_SECONDS = 1.0
 
 
 class Prefetcher:
-    """Runs ``produce(token)`` one call ahead on a background thread."""
+    """Produces the next batch on the op's own thread while the net runs (Caffe2's
+    PrefetchOperator: the reader stays one batch ahead of what the op delivered)."""
 
     def __init__(self) -> None:
-        self._pending: Future[Any] | None = None
+        self._requests: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._results: queue.SimpleQueue[tuple[bool, Any]] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._in_flight = False
         self._lock = threading.Lock()
 
     def next(self, produce: Callable[[Any], Any], draw: Callable[[], Any]) -> Any:
         """The next batch (prefetched by the previous call, else produced now from a fresh
         ``draw()`` token); then start producing the following one from another ``draw()``.
-        Tokens are drawn in batch order, so the batches match synchronous reading."""
+        Tokens are drawn in batch order, so the batches match synchronous reading.  A failed
+        prefetch raises here, and the call after it reads synchronously again."""
         with self._lock:
-            pending, self._pending = self._pending, None
-            result = pending.result() if pending is not None else produce(draw())
-            self._pending = _prefetch_pool().submit(produce, draw())
+            result = self._collect() if self._in_flight else produce(draw())
+            self._start(produce, draw())
             return result
 
     def cancel(self) -> None:
         """Wait for the batch in flight and drop it (its records are consumed)."""
         with self._lock:
-            pending, self._pending = self._pending, None
-        if pending is not None:
-            pending.exception()
+            if self._in_flight:
+                self._in_flight = False
+                self._results.get()
+
+    def close(self) -> None:
+        """The op is destroyed: the batch in flight is dropped once read (its records are
+        consumed, as in Caffe2; one still blocked on a blobs queue after
+        ``CLOSE_WAIT_SECONDS`` gives up) and the thread ends."""
+        with self._lock:
+            if self._in_flight:
+                self._in_flight = False
+                self._drain()
+            if self._thread is not None:
+                self._requests.put(None)
+                self._thread.join()
+                self._thread = None
+                _LIVE.discard(self)
+
+    # --- the thread ------------------------------------------------------------------------
+    def _collect(self) -> Any:
+        self._in_flight = False
+        ok, value = self._results.get()
+        if not ok:
+            raise value
+        return value
+
+    def _start(self, produce: Callable[[Any], Any], token: Any) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._serve, name="dpgraph-prefetch")
+            self._thread.start()
+            _LIVE.add(self)
+        self._requests.put((produce, token))
+        self._in_flight = True
+
+    def _serve(self) -> None:
+        while (request := self._requests.get()) is not None:
+            produce, token = request
+            try:
+                self._results.put((True, produce(token)))
+            except BaseException as error:  # noqa: BLE001  (raised in the consumer)
+                self._results.put((False, error))
+
+    def _drain(self) -> None:
+        try:
+            self._results.get(timeout=CLOSE_WAIT_SECONDS)
+        except queue.Empty:
+            thread = self._thread.ident if self._thread is not None else None
+            cancel_blocking_waits([thread])
+            self._results.get()
+            forget_cancelled([thread])
+
+    def release_at_exit(self) -> None:
+        """Interpreter exit: end the thread after its batch, unblocking a queue wait."""
+        if self._thread is not None:
+            cancel_blocking_waits([self._thread.ident])
+            self._requests.put(None)
+
+
+#: Prefetchers whose thread runs (each holds itself through its thread until closed).
+_LIVE: weakref.WeakSet[Prefetcher] = weakref.WeakSet()
 
 
 class ArrayRecycler:

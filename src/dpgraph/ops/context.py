@@ -44,7 +44,7 @@ class OpContext:
         workspace: the runtime workspace (stateful ops only: queues, common worlds).
     """
 
-    __slots__ = ("op", "inputs", "args", "xp", "device", "workspace", "_rng", "_prev")
+    __slots__ = ("op", "inputs", "args", "xp", "device", "workspace", "_rng", "_state")
 
     def __init__(self, op: caffe2_pb2.OperatorDef, args: dict[str, Any], xp: Any,
                  device: caffe2_pb2.DeviceOption, workspace: Any = None) -> None:
@@ -55,7 +55,7 @@ class OpContext:
         self.workspace = workspace
         self.inputs: list[Any] = []
         self._rng: np.random.Generator | None = None
-        self._prev: Any = None
+        self._state: dict[str, Any] | None = None
 
     # --- arguments ---------------------------------------------------------------------
     def arg(self, name: str, default: Any = None) -> Any:
@@ -133,6 +133,23 @@ class OpContext:
             else:
                 self._rng = np.random.default_rng()
         return self._rng
+
+    # --- per-instance state ------------------------------------------------------------
+    def state(self) -> dict[str, Any]:
+        """What the kernel keeps across runs of this op instance (Caffe2's operator members,
+        such as a prefetch thread); it goes with the instance."""
+        if self._state is None:
+            self._state = {}
+        return self._state
+
+    def close(self) -> None:
+        """The op instance is destroyed (its net deleted, replaced or run once, the workspace
+        reset, the end of RunOperatorOnce): state values with a ``close()`` are closed."""
+        state, self._state = self._state, None
+        for value in (state or {}).values():
+            close = getattr(value, "close", None)
+            if close is not None:
+                close()
 
     # --- errors ------------------------------------------------------------------------
     def describe(self, problem: str) -> str:

@@ -2,7 +2,10 @@
 
 ``CreateDB`` opens a :class:`~dpgraph.db.DBReader` (READ mode, positioned at its shard);
 ``TensorProtosDBInput`` reads ``batch_size`` records from it (wrapping around at the end)
-and stacks each record's TensorProtos into its outputs, ``[batch_size] + dims`` each.
+and stacks each record's TensorProtos into its outputs, ``[batch_size] + dims`` each.  Like
+Caffe2's PrefetchOperator it reads the next batch on a background thread while the net runs
+(so its reader is one batch ahead; ``no_prefetch=1`` reads synchronously); the batch in
+flight when the op instance is destroyed is dropped, its records consumed.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from dpgraph.ops.context import OpContext, Outputs
 from dpgraph.ops.fill import no_gradient
 
 if TYPE_CHECKING:
+    from dpgraph.data.prefetch import Prefetcher
     from dpgraph.db.reader import DBReader
     from dpgraph.db.services import StorageServices
 
@@ -80,6 +84,14 @@ def db_exists_op(ctx: OpContext) -> Outputs:
                      dtype=np.bool_),)
 
 
+def prefetcher(ctx: OpContext) -> Prefetcher:
+    """This op instance's prefetcher (closed with the instance, dropping its batch)."""
+    state = ctx.state()
+    if "prefetcher" not in state:
+        state["prefetcher"] = storage(ctx).prefetcher()
+    return state["prefetcher"]
+
+
 @register_op("TensorProtosDBInput", inputs=1, outputs=(1, None), side_effects=True)
 def tensor_protos_db_input(ctx: OpContext) -> Outputs:
     """Read ``batch_size`` records (0: one record, unbatched) of ``TensorProtos``; output i
@@ -88,18 +100,25 @@ def tensor_protos_db_input(ctx: OpContext) -> Outputs:
     batch_size = ctx.int_arg("batch_size", 0)
     if batch_size < 0:
         raise ArgumentError(ctx.describe(f"batch_size must be >= 0, got {batch_size}."))
-    where = f"TensorProtosDBInput reading {reader.db.where()}"
-    if batch_size == 0:
-        key, value = reader.read()
-        outputs = decode_tensor_protos(value, f"{where}, key {key!r}")
+    if ctx.int_arg("no_prefetch", 0):
+        outputs = _read_tensor_protos(reader, batch_size)
     else:
-        keys, lengths, joined = reader.read_joined(batch_size)
-        outputs = decode_joined_tensor_protos(joined, lengths, where, keys)
+        outputs = prefetcher(ctx).next(lambda size: _read_tensor_protos(reader, size),
+                                       lambda: batch_size)
     if len(outputs) != ctx.num_outputs:
         raise ShapeError(ctx.describe(
             f"the records of {reader.db.where()} hold {len(outputs)} TensorProtos each, the "
             f"op has {ctx.num_outputs} outputs; give one output per proto in each record."))
     return tuple(on_device(ctx, t) for t in outputs)
+
+
+def _read_tensor_protos(reader: DBReader, batch_size: int) -> list[np.ndarray]:
+    where = f"TensorProtosDBInput reading {reader.db.where()}"
+    if batch_size == 0:
+        key, value = reader.read()
+        return decode_tensor_protos(value, f"{where}, key {key!r}")
+    keys, lengths, joined = reader.read_joined(batch_size)
+    return decode_joined_tensor_protos(joined, lengths, where, keys)
 
 
 @register_op("CreateBlobsQueueDB", inputs=1, outputs=1, side_effects=True)

@@ -23,12 +23,11 @@ import numpy as np
 from dpgraph.errors import ArgumentError, DataInputError
 from dpgraph.ir.registry import register_gradient, register_op
 from dpgraph.ops.context import OpContext, Outputs
-from dpgraph.ops.db import on_device, reader_input, storage
+from dpgraph.ops.db import on_device, prefetcher, reader_input, storage
 from dpgraph.ops.fill import no_gradient
 from dpgraph.proto import caffe2_pb2
 
 if TYPE_CHECKING:
-    from dpgraph.data.prefetch import Prefetcher
     from dpgraph.data.records import ImageRecord
     from dpgraph.db.reader import DBReader
     from dpgraph.db.services import StorageServices
@@ -365,13 +364,6 @@ def _reader(ctx: OpContext) -> DBReader:
         return reader
 
 
-def _prefetcher(reader: DBReader, ctx: OpContext) -> Prefetcher:
-    key = ctx.op.SerializeToString()
-    with _STATE_LOCK:
-        table = reader.__dict__.setdefault("_prefetchers", {})
-        return table.setdefault(key, storage(ctx).prefetcher())
-
-
 def _batch_seed(ctx: OpContext) -> int:
     return int(ctx.rng.integers(0, 2**63 - 1))
 
@@ -397,7 +389,7 @@ def image_input(ctx: OpContext) -> Outputs:
     if ctx.int_arg("no_prefetch", 0):
         outputs = _produce(reader, cfg, _batch_seed(ctx))
     else:
-        outputs = _prefetcher(reader, ctx).next(
+        outputs = prefetcher(ctx).next(
             lambda seed: _produce(reader, cfg, seed), lambda: _batch_seed(ctx))
     return tuple(on_device(ctx, out) for out in outputs)
 

@@ -181,6 +181,10 @@ class OpInstance:
         self.empty_inputs = self.schema.empty_inputs
         self.out_keys = (self.key,) * self.n_out
 
+    def close(self) -> None:
+        """The instance is destroyed: what its kernel keeps (a prefetch) is released."""
+        self.ctx.close()
+
     def _where(self) -> str:
         net = f" of net {self.net_name!r}" if self.net_name else ""
         return f"Operator {self.index} ({self.type}){net} on {device_name(self.key)}"

@@ -125,6 +125,8 @@ class NetInstance:
 
     def close(self) -> None:
         self.executor.close()
+        for op in self.ops:
+            op.close()
 
 
 def check_net_limits(proto: caffe2_pb2.NetDef) -> None:
@@ -408,8 +410,11 @@ class Workspace:
         instance = OpInstance(op, 0, "", None, self,
                               net_entropy(self.seed, next(self._instantiations), ""))
         executor = SimpleExecutor([instance])
-        for _ in range(num_runs):
-            executor.run(self._blobs, self._placement)
+        try:
+            for _ in range(num_runs):
+                executor.run(self._blobs, self._placement)
+        finally:
+            instance.close()
         return True
 
     def run_plan(self, plan: Any) -> bool:
