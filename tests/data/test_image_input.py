@@ -219,6 +219,20 @@ def test_prefetch_delivers_the_synchronous_sequence(tmp_path: Path) -> None:
         [int(k) for k in sorted(map(str, range(5)))][:2]
 
 
+def test_each_op_instance_owns_the_reader_of_its_db_argument(tmp_path: Path) -> None:
+    """Caffe2's old-style ImageInput (no reader input) opens its own reader: every new
+    instance starts at the first record, and drops its prefetched batch when it goes."""
+    write_lmdb(tmp_path / "db", [image_record(jpeg_bytes(im), i) for i, im in
+                                 enumerate(_images(6))])
+    op = core.CreateOperator("ImageInput", [], ["d", "l"], batch_size=2, scale=32, crop=32,
+                             is_test=1, db=str(tmp_path / "db"), db_type="lmdb")
+    for _ in range(2):
+        workspace.RunOperatorOnce(op)
+        assert workspace.FetchBlob("l").tolist() == [0, 1]
+    assert workspace.RunOperatorMultiple(op, 3)
+    assert workspace.FetchBlob("l").tolist() == [4, 5]
+
+
 def test_gpu_transform_on_virtual_gpu(tmp_path: Path) -> None:
     rgb = _images(1)[0][:20, :20]
     write_lmdb(tmp_path / "db", [image_record(jpeg_bytes(rgb, "PNG"), 3)])

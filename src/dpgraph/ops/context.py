@@ -144,9 +144,10 @@ class OpContext:
 
     def close(self) -> None:
         """The op instance is destroyed (its net deleted, replaced or run once, the workspace
-        reset, the end of RunOperatorOnce): state values with a ``close()`` are closed."""
+        reset, the end of RunOperatorOnce): state values with a ``close()`` are closed, the
+        latest first (a prefetcher before the reader it reads)."""
         state, self._state = self._state, None
-        for value in (state or {}).values():
+        for value in reversed((state or {}).values()):
             close = getattr(value, "close", None)
             if close is not None:
                 close()

@@ -14,7 +14,6 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import queue
-import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -35,8 +34,6 @@ if TYPE_CHECKING:
 DT = caffe2_pb2.TensorProto
 SINGLE_LABEL, MULTI_LABEL_SPARSE, MULTI_LABEL_DENSE = 0, 1, 2
 MULTI_LABEL_WEIGHTED_SPARSE, SINGLE_LABEL_WEIGHTED, EMBEDDING_LABEL = 3, 4, 5
-_OWN_READERS: dict[bytes, DBReader] = {}
-_STATE_LOCK = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -349,19 +346,18 @@ def _gpu_transform(data: np.ndarray, cfg: _Config) -> np.ndarray:
 
 # --- the op ------------------------------------------------------------------------------
 def _reader(ctx: OpContext) -> DBReader:
+    """The input reader, or the op instance's own reader of its ``db`` argument (opened at
+    the first run, closed with the instance, as Caffe2's op owns it)."""
     if ctx.num_inputs:
         return reader_input(ctx)
-    key = ctx.op.SerializeToString()
-    with _STATE_LOCK:
-        reader = _OWN_READERS.get(key)
-        if reader is None:
-            source = ctx.str_arg("db", "")
-            if not source:
-                raise ArgumentError(ctx.describe("give a DB reader input (CreateDB) or the "
-                                                 "db argument."))
-            reader = storage(ctx).reader(ctx.str_arg("db_type", "leveldb"), source)
-            _OWN_READERS[key] = reader
-        return reader
+    state = ctx.state()
+    if "reader" not in state:
+        source = ctx.str_arg("db", "")
+        if not source:
+            raise ArgumentError(ctx.describe("give a DB reader input (CreateDB) or the db "
+                                             "argument."))
+        state["reader"] = storage(ctx).reader(ctx.str_arg("db_type", "leveldb"), source)
+    return state["reader"]
 
 
 def _batch_seed(ctx: OpContext) -> int:
