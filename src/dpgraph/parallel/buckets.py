@@ -47,6 +47,7 @@ class GradInfo:
     dtype: str
     order: int  # index of the op that last writes it in the net
     group: Any = None  # gradients of different groups (owners) never share a bucket
+    op: int = -1  # that op's index (-1: unknown); one op's gradients share a bucket
 
 
 @dataclass
@@ -72,10 +73,13 @@ class Bucket:
         return f"{BUCKET_PREFIX}{self.index}"
 
 
-def assign_buckets(grads: Sequence[GradInfo], bucket_bytes: float) -> list[Bucket]:
+def assign_buckets(grads: Sequence[GradInfo], bucket_bytes: float,
+                   join_same_op: bool = False) -> list[Bucket]:
     """Greedy packing in production order; one open bucket per dtype (and group), closed
     when the next gradient would take it past ``bucket_bytes`` (a larger gradient gets its
-    own bucket).
+    own bucket).  With ``join_same_op`` (``"auto"``), a gradient written by the op that
+    wrote the bucket's last gradient joins it whatever the size: splitting those would cost
+    a collective and gain no overlap (they are ready together).
 
     Returns the buckets sorted by the op after which they are ready (then by first grad).
     """
@@ -85,7 +89,10 @@ def assign_buckets(grads: Sequence[GradInfo], bucket_bytes: float) -> list[Bucke
     for grad in ordered:
         kind = (grad.dtype, grad.group)
         current = open_by_kind.setdefault(kind, [])
-        if current and sum(g.nbytes for g in current) + grad.nbytes > bucket_bytes:
+        same_op = (join_same_op and bool(current) and grad.op >= 0
+                   and current[-1].op == grad.op)
+        if (current and not same_op
+                and sum(g.nbytes for g in current) + grad.nbytes > bucket_bytes):
             closed.append((kind, current))
             current = open_by_kind[kind] = []
         current.append(grad)
@@ -140,8 +147,9 @@ def gradient_infos(state: ParallelState, names: Sequence[str], net: Any
             continue
         dtype = np.dtype(DATA_TYPE_TO_NUMPY.get(types.get(source, 1), np.float32))
         count = int(np.prod(shapes[source])) if shapes[source] else 1
-        order = writers.get(blob, -1) * (len(names) + 1) + position
-        infos.append(GradInfo(name, count * dtype.itemsize, dtype.name, order))
+        writer = writers.get(blob, -1)
+        order = writer * (len(names) + 1) + position
+        infos.append(GradInfo(name, count * dtype.itemsize, dtype.name, order, op=writer))
     return infos, others
 
 
@@ -214,7 +222,7 @@ def plan_buckets(state: ParallelState, names: Sequence[str], net: Any,
         bucket_bytes = auto_bucket_bytes(state, infos)
     else:
         bucket_bytes = float(bucket_mb) * MB
-    return assign_buckets(infos, bucket_bytes), others
+    return assign_buckets(infos, bucket_bytes, join_same_op=bucket_mb == "auto"), others
 
 
 def reduce_in_buckets(state: ParallelState, names: Sequence[str], net: Any,
