@@ -289,6 +289,20 @@ class Net:
 
     extend_ops = _ExtendOps
 
+    def extend_ops_in_place(self, fill: Callable[[Any], None], outputs: Iterable[str]) -> None:
+        """As :meth:`extend_ops`, for the ops ``fill(ops)`` appends to this net's op list
+        itself (``ops.add()`` and writes: no standalone op, no copy); ``outputs`` are their
+        output names.  If ``fill`` raises, the ops it added are removed."""
+        ops = self._net.op
+        start = len(ops)
+        try:
+            fill(ops)
+        except BaseException:
+            del ops[start:]
+            raise
+        if not self._recreate_lookup_tables:
+            self._op_outputs.update(outputs)
+
     def add_op(self, **fields: Any) -> caffe2_pb2.OperatorDef:
         """Append ``OperatorDef(**fields)`` built in place in the NetDef (no copy, unlike
         :meth:`extend_ops`) and return it.  Its inputs are not declared external: check

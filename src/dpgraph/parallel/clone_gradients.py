@@ -118,12 +118,9 @@ def _is_renamed(compiled: list[OpPlan], renamer: Renamer, block: OpList) -> bool
     return all(a == b for a, b in zip(renamed, block))
 
 
-def _cloned(compiled: list[OpPlan], grad_map: dict[Any, Any], renamer: Renamer
-            ) -> tuple[OpList, dict[Any, Any]]:
-    """Device 0's gradient ops (as plans) and map, renamed for ``renamer``'s device."""
-    targets = [caffe2_pb2.OperatorDef() for _ in compiled]
-    renamer.ops_into(compiled, targets)
-    return targets, {renamer.ref(k): _renamed_value(v, renamer) for k, v in grad_map.items()}
+def _renamed_map(grad_map: dict[Any, Any], renamer: Renamer) -> dict[Any, Any]:
+    """Device 0's gradient map, renamed for ``renamer``'s device."""
+    return {renamer.ref(k): _renamed_value(v, renamer) for k, v in grad_map.items()}
 
 
 def add_gradients_by_cloning(state: ParallelState, forward_ops: int,
@@ -159,32 +156,45 @@ def add_gradients_by_cloning(state: ParallelState, forward_ops: int,
     if not _scoped(map0, ops0, scope) or not _renamable(ops0, scope):
         return False
     compiled = plans_of(ops0, first_option)
-    per_device = {devices[0]: (list(ops0), map0)}
+    maps = {devices[0]: map0}
     for device in devices[1:]:
-        per_device[device] = _cloned(compiled, map0, renamers[device])
-    _publish_gradients(model, *_merged(per_device, devices, loss_grad))
+        maps[device] = _renamed_map(map0, renamers[device])
+    _publish_gradients(model, ops0, compiled, devices, renamers,
+                       _merged(maps, devices, loss_grad))
     return True
 
 
-def _merged(per_device: dict[int, tuple[OpList, dict[Any, Any]]], devices: Sequence[int],
-            loss_grad: dict[str, str]) -> tuple[OpList, dict[Any, Any]]:
-    """The full pass's order: the gradient ops of the last device first; in the map the
-    losses first (in ``loss_grad`` order), then each device's blobs, last device first."""
-    grad_ops: OpList = []
+def _merged(maps: dict[int, dict[Any, Any]], devices: Sequence[int],
+            loss_grad: dict[str, str]) -> dict[Any, Any]:
+    """The full pass's map: the losses first (in ``loss_grad`` order), then each device's
+    blobs, last device first."""
     grad_map: dict[Any, Any] = {}
     for device in devices:
-        grad_map.update((k, v) for k, v in per_device[device][1].items()
-                        if str(k) in loss_grad)
+        grad_map.update((k, v) for k, v in maps[device].items() if str(k) in loss_grad)
     for device in reversed(devices):
-        ops, device_map = per_device[device]
-        grad_ops += ops
-        grad_map.update((k, v) for k, v in device_map.items() if str(k) not in loss_grad)
-    return grad_ops, grad_map
+        grad_map.update((k, v) for k, v in maps[device].items() if str(k) not in loss_grad)
+    return grad_map
 
 
-def _publish_gradients(model: Any, grad_ops: OpList, grad_map: dict[Any, Any]) -> None:
-    """What ``ModelHelper.AddGradientOperators`` records after its backward pass."""
+def _publish_gradients(model: Any, ops0: OpList, compiled: list[OpPlan],
+                       devices: Sequence[int], renamers: dict[int, Renamer],
+                       grad_map: dict[Any, Any]) -> None:
+    """What ``ModelHelper.AddGradientOperators`` does after its backward pass, with the
+    full pass's op order (the gradient ops of the last device first): the first device's
+    ops copied in, the others' written in place as renamed plans."""
     model.Validate()
-    model.net.extend_ops(grad_ops)
+    outputs0 = list(dict.fromkeys(out for plan in compiled for out in plan[2]))
+
+    def fill(ops: Any) -> None:
+        for device in reversed(devices):
+            if device == devices[0]:
+                ops.extend(ops0)
+            else:
+                renamers[device].ops_into(compiled, (ops.add() for _ in compiled))
+
+    outputs = list(outputs0)
+    for device in devices[1:]:
+        outputs += renamers[device].names(outputs0)
+    model.net.extend_ops_in_place(fill, outputs)
     model.gradient_ops_added = True
     model.record_gradients(grad_map)
