@@ -74,13 +74,6 @@ class Prefetcher:
             self._start(produce, draw())
             return result
 
-    def cancel(self) -> None:
-        """Wait for the batch in flight and drop it (its records are consumed)."""
-        with self._lock:
-            if self._in_flight:
-                self._in_flight = False
-                self._results.get()
-
     def close(self) -> None:
         """The op is destroyed: the batch in flight is dropped once read (its records are
         consumed, as in Caffe2; one still blocked on a blobs queue after
