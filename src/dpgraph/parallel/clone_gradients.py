@@ -29,18 +29,18 @@ OpList = list[caffe2_pb2.OperatorDef]
 
 def _device_of(op: caffe2_pb2.OperatorDef, prefix: str) -> str | None:
     """The ``<prefix>_<d>`` scope every output of ``op`` is in (None: unscoped or mixed)."""
-    outputs = op.output
+    outputs = op.output[:]
     if not outputs:
         return None
-    head = _head(outputs[0])
-    if any(_head(out) != head for out in outputs[1:]):
+    first = outputs[0]
+    cut = first.find("/")
+    if cut < 0 or not first.startswith(prefix + "_"):
         return None
-    return head if head.startswith(prefix + "_") else None
-
-
-def _head(blob: str) -> str:
-    """The first scope of ``blob`` (``''`` when unscoped)."""
-    return blob.split("/", 1)[0] if "/" in blob else ""
+    scope = first[:cut + 1]
+    for out in outputs[1:]:
+        if not out.startswith(scope):
+            return None
+    return scope[:-1]
 
 
 def device_blocks(ops: Sequence[caffe2_pb2.OperatorDef], state: ParallelState
@@ -48,19 +48,21 @@ def device_blocks(ops: Sequence[caffe2_pb2.OperatorDef], state: ParallelState
     """One contiguous block of forward ops per device, in device order, after a head of
     unscoped ops no device reads; None otherwise."""
     prefix = state.config.device_prefix
+    scopes = [_device_of(op, prefix) for op in ops]
     start = 0
-    while start < len(ops) and _device_of(ops[start], prefix) is None:
+    while start < len(ops) and scopes[start] is None:
         start += 1
     head_outputs = {out for op in ops[:start] for out in op.output}
     blocks: list[OpList] = []
     index = start
     for device in state.devices:
         scope = state.namescope(device)
-        block: OpList = []
-        while index < len(ops) and _device_of(ops[index], prefix) == scope:
-            block.append(ops[index])
+        begin = index
+        while index < len(ops) and scopes[index] == scope:
             index += 1
-        if not block or any(b in head_outputs for op in block for b in op.input):
+        block: OpList = list(ops[begin:index])
+        if not block or (head_outputs and any(b in head_outputs for op in block
+                                              for b in op.input)):
             return None
         blocks.append(block)
     return blocks if index == len(ops) else None
