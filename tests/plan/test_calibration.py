@@ -1,6 +1,6 @@
 """Calibration that measures what a step sees: median times over the bucket sizes, the
-relative least-squares fit, and the contention term (a collective's CPU time taken from the
-overlapped compute) in the cost model and the planner."""
+relative least-squares fit, and the contention term (the transport's CPU time taken from
+the overlapped compute) in the cost model and the planner."""
 
 from __future__ import annotations
 
@@ -47,45 +47,57 @@ def test_relative_fit_keeps_the_small_sizes() -> None:
     assert bent.alpha > 0.5e-4 and bent.beta > 1e-9
 
 
-def test_contention_share() -> None:
-    assert contention_share(2, cpus=2) == 1.0  # every core computes
-    assert contention_share(3, cpus=2) == 1.0
-    assert contention_share(2, cpus=4) == 0.0  # a free core per rank
-    assert contention_share(2, cpus=3) == 0.5
-    assert contention_share(1, cpus=64) == 0.0
-
-
 class _FakeWorld:
-    """Two identical ranks: an all-reduce sleeps ``alpha + n * beta`` seconds and burns
-    ``cpu`` seconds of CPU first; the sum over ranks doubles the buffer."""
+    """Two identical ranks: an all-reduce burns ``cpu + n * cpu_per_byte`` seconds of CPU
+    on its own thread, then sleeps until ``alpha + n * beta``; the sum over ranks doubles
+    the buffer."""
 
     size = 2
 
-    def __init__(self, alpha: float, beta: float, cpu: float) -> None:
-        self.alpha, self.beta, self.cpu = alpha, beta, cpu
+    def __init__(self, alpha: float, beta: float, cpu: float, cpu_per_byte: float) -> None:
+        self.alpha, self.beta = alpha, beta
+        self.cpu, self.cpu_per_byte = cpu, cpu_per_byte
 
     def allreduce(self, buffers: list[np.ndarray]) -> list[np.ndarray]:
         buffer = buffers[0]
         if buffer.dtype == np.float64:  # the agreement step
             buffer *= self.size
             return buffers
-        end = time.process_time() + self.cpu
-        while time.process_time() < end:
+        start = time.perf_counter()
+        burn = self.cpu + buffer.nbytes * self.cpu_per_byte
+        end = time.thread_time() + burn
+        while time.thread_time() < end:
             pass
-        time.sleep(max(self.alpha + buffer.nbytes * self.beta - self.cpu, 0.0))
+        time.sleep(max(self.alpha + buffer.nbytes * self.beta - (time.perf_counter() - start),
+                       0.0))
         return buffers
 
 
-def test_probe_world_measures_latency_bandwidth_and_cpu() -> None:
+def _compute() -> None:
+    time.sleep(0.004)  # no CPU of its own: the burn is the all-reduce thread's
+
+
+def test_contention_share() -> None:
+    assert contention_share(2, cpus=2) == 1.0  # every core computes
+    assert contention_share(3, cpus=2) == 1.0
+    assert contention_share(2, cpus=4) == 0.0  # a free core per rank
+    assert contention_share(2, cpus=3) == 0.5
+
+
+def test_probe_world_measures_latency_bandwidth_and_contention() -> None:
     assert max(PROBE_BYTES) >= 2 * MB  # covers the bucket sizes a step uses
-    world = _FakeWorld(alpha=2e-3, beta=1e-9, cpu=1e-3)
-    figures = probe_world(world, sizes=(4 << 10, 1 << 20, 4 << 20), repeats=3, local_ranks=64)
+    world = _FakeWorld(alpha=2e-3, beta=1e-9, cpu=0.5e-3, cpu_per_byte=0.25e-9)
+    figures = probe_world(world, sizes=(4 << 10, 1 << 20, 4 << 20), repeats=3,
+                          local_ranks=4096, compute=_compute)
     # p = 2: t = 2 alpha' + n beta', so alpha' ~ 1 ms and beta' ~ 1 ns/B (sleeps overshoot)
     assert figures.alpha == pytest.approx(1e-3, rel=0.5)
     assert figures.beta == pytest.approx(1e-9, rel=0.5)
-    assert figures.cpu_alpha == pytest.approx(0.5e-3, rel=0.5)  # all CPU time is contention
-    idle = probe_world(world, sizes=(4 << 10, 1 << 20), repeats=2, local_ranks=0)
-    assert idle.cpu_alpha == idle.cpu_beta == 0.0  # free cores: no contention
+    # CPU beside compute: 0.5 ms at 4 KiB, 1 ms at 2 MiB: cpu_alpha 0.25 ms, 0.25 ns/B (plus
+    # the CPU of starting the thread that issues the all-reduce)
+    assert 0.2e-3 <= figures.cpu_alpha <= 0.6e-3
+    assert figures.cpu_beta == pytest.approx(0.25e-9, rel=0.5)
+    alone = probe_world(world, sizes=(4 << 10, 1 << 20), repeats=2, local_ranks=0)
+    assert alone.cpu_alpha == alone.cpu_beta == 0.0  # the ranks' cores are free
 
 
 def _profile() -> StepProfile:

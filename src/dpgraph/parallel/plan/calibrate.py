@@ -8,10 +8,10 @@ back without a barrier (so a rank's time includes waiting for a later peer, as a
 backward pass), the *median* of the repeats (not the best: a step pays the typical cost),
 over sizes from 4 KiB to 4 MiB (the latency-bound small buckets and the gradient and bucket
 sizes of a step), fitted by least squares of the *relative* error so the small sizes
-set ``alpha`` and the large ones ``beta``.  It also measures the CPU time (every thread of
-the process) each collective costs a rank; the share of it that comes out of the overlapped
-compute (:func:`contention_share`: all of it when the ranks on a host compute on every core)
-gives the model's contention term.  :func:`calibrate` starts ``processes`` local ranks over Gloo on
+set ``alpha`` and the large ones ``beta``.  It also measures the contention term: the CPU
+time the transport's threads burn while an all-reduce runs beside a stretch of compute (a
+small and a bucket-sized one), of which :func:`contention_share` comes out of the compute
+(all of it when the ranks of a host compute on every core, as on loopback).  :func:`calibrate` starts ``processes`` local ranks over Gloo on
 loopback and returns a :class:`CostModel` (``dpgraph plan --calibrate PATH`` saves it).
 """
 
@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import threading
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ from dpgraph.parallel.plan.cost_model import DEFAULTS, AlphaBeta, CostModel
 
 PROBE_BYTES = (4 << 10, 64 << 10, 256 << 10, 1 << 20, 2 << 20, 4 << 20)
 PROBE_REPEATS = 9
+CONTENTION_BYTES = (4 << 10, 2 << 20)
 
 
 def _best_time(fn: Any, repeats: int) -> float:
@@ -42,15 +44,14 @@ def _best_time(fn: Any, repeats: int) -> float:
     return best
 
 
-def _typical_times(fn: Any, repeats: int) -> tuple[float, float]:
-    """Median wall time and median CPU time (all threads of this process) of ``fn``."""
-    walls, cpus = [], []
+def _typical_time(fn: Any, repeats: int) -> float:
+    """Median wall time of ``fn`` (a step pays the typical cost, not the best)."""
+    times = []
     for _ in range(repeats):
-        cpu, start = time.process_time(), time.perf_counter()
+        start = time.perf_counter()
         fn()
-        walls.append(time.perf_counter() - start)
-        cpus.append(time.process_time() - cpu)
-    return float(np.median(walls)), float(np.median(cpus))
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))
 
 
 def fit(sizes: Sequence[float], times: Sequence[float], steps: float,
@@ -66,6 +67,18 @@ def fit(sizes: Sequence[float], times: Sequence[float], steps: float,
     return AlphaBeta(alpha, beta)
 
 
+def _matmul_chunk(seconds: float = 0.015) -> Callable[[], None]:
+    """About ``seconds`` of float32 matrix products (the backward pass's kind of work)."""
+    a = np.ones((192, 192), np.float32)
+    once = _best_time(lambda: a @ a, 3)
+    count = max(1, int(seconds / max(once, 1e-6)))
+
+    def compute() -> None:
+        for _ in range(count):
+            a @ a
+    return compute
+
+
 def _usable_cpus() -> int:
     try:
         return len(os.sched_getaffinity(0))
@@ -74,7 +87,7 @@ def _usable_cpus() -> int:
 
 
 def contention_share(local_ranks: int, cpus: int | None = None) -> float:
-    """The share of a collective's CPU time that comes out of the overlapped compute when
+    """The share of the transport's CPU time that comes out of the overlapped compute when
     ``local_ranks`` ranks (one compute thread each) share this host's ``cpus``: 0 with a
     free core per rank for the transport, 1 with none free, linear in between."""
     cpus = _usable_cpus() if cpus is None else cpus
@@ -82,30 +95,58 @@ def contention_share(local_ranks: int, cpus: int | None = None) -> float:
     return min(max(1.0 - free / max(local_ranks, 1), 0.0), 1.0)
 
 
+def probe_contention(world: Any, sizes: Sequence[int] = CONTENTION_BYTES,
+                     repeats: int = PROBE_REPEATS,
+                     compute: Callable[[], None] | None = None) -> list[float]:
+    """Per size: the CPU time the transport burns (every thread of this process but the
+    computing one) while one all-reduce of that size runs beside ``compute`` (default:
+    ~15 ms of matrix products), as a gradient's all-reduce overlaps the backward pass;
+    median over ``repeats``.  CPU time, unlike the compute's slowdown, hardly depends on
+    what else the machine runs.
+
+    Every rank must call this at the same point (it issues collectives on ``world``)."""
+    compute = compute or _matmul_chunk()
+    burnt = []
+    for nbytes in sizes:
+        buffer = np.ones(max(nbytes // 4, 1), dtype=np.float32)
+        others = []
+        for _ in range(repeats):
+            thread = threading.Thread(target=world.allreduce, args=([buffer],), daemon=True)
+            process, own = time.process_time(), time.thread_time()
+            thread.start()
+            compute()
+            thread.join()
+            others.append((time.process_time() - process) - (time.thread_time() - own))
+        burnt.append(max(float(np.median(others)), 0.0))
+    return burnt
+
+
 def probe_world(world: Any, sizes: Sequence[int] = PROBE_BYTES,
-                repeats: int = PROBE_REPEATS, local_ranks: int = 1) -> AlphaBeta:
+                repeats: int = PROBE_REPEATS, local_ranks: int = 1,
+                compute: Callable[[], None] | None = None) -> AlphaBeta:
     """Alpha-beta figures of ``world`` (a collective backend), identical on every rank:
-    median times of back-to-back all-reduces, and the contention term from their CPU time
-    (``local_ranks``: the ranks of the world computing on this host's cores).
+    median times of back-to-back all-reduces, and the contention term: the transport's CPU
+    time beside compute (:func:`probe_contention`) times :func:`contention_share` for
+    ``local_ranks`` ranks of the world computing on this host's cores (0 for none).
 
     Every rank must call this at the same point (it issues collectives on ``world``).
     """
     p = world.size
-    walls, cpus = [], []
+    walls = []
     for nbytes in sizes:
         buffer = np.ones(max(nbytes // 4, 1), dtype=np.float32)
         world.allreduce([buffer])  # warm the connection and the buffer
-        wall, cpu = _typical_times(lambda b=buffer: world.allreduce([b]), repeats)
-        walls.append(wall)
-        cpus.append(cpu)
-    agreed = np.array(walls + cpus, dtype=np.float64)
+        walls.append(_typical_time(lambda b=buffer: world.allreduce([b]), repeats))
+    share = contention_share(local_ranks) if local_ranks > 0 else 0.0
+    burnt = probe_contention(world, CONTENTION_BYTES, repeats, compute) if share > 0 else []
+    agreed = np.array(walls + [share * b for b in burnt], dtype=np.float64)
     world.allreduce([agreed])
     agreed /= p
     steps, volume = 2 * (p - 1), 2 * (p - 1) / p
     figures = fit(list(sizes), list(agreed[:len(sizes)]), steps, volume)
-    share = contention_share(local_ranks)
-    cpu = (fit(list(sizes), list(agreed[len(sizes):] * share), steps, volume) if share > 0
-           else AlphaBeta(0.0, 0.0))
+    if not np.any(agreed[len(sizes):] > 0):
+        return figures
+    cpu = fit(list(CONTENTION_BYTES), list(agreed[len(sizes):]), steps, volume)
     return AlphaBeta(figures.alpha, figures.beta, cpu.alpha, cpu.beta)
 
 
