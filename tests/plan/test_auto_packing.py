@@ -23,7 +23,16 @@ def test_one_ops_gradients_share_an_auto_bucket() -> None:
         ["fc2_w", "fc2_b", "fc1_b"], ["fc1_w"], ["conv2_w", "conv2_b"]]
     joined = assign_buckets(_grads(), 1 << 20, join_same_op=True)
     assert [[g.name for g in b.grads] for b in joined] == [
-        ["fc2_w", "fc2_b", "fc1_b", "fc1_w"], ["conv2_w", "conv2_b"]]
+        ["fc2_w", "fc2_b"], ["fc1_b", "fc1_w"], ["conv2_w", "conv2_b"]]
+    roomy = assign_buckets(_grads(), 2.5 * (1 << 20), join_same_op=True)
+    assert [[g.name for g in b.grads] for b in roomy] == [
+        ["fc2_w", "fc2_b", "fc1_b", "fc1_w", "conv2_w", "conv2_b"]]
+    # the op's unit decides, whatever the order of its gradients
+    flipped = [GradInfo(g.name, g.nbytes, g.dtype, {2: 3, 3: 2}.get(g.order, g.order), op=g.op)
+               for g in _grads()]
+    assert [[g.name for g in b.grads] for b in assign_buckets(
+        flipped, 1 << 20, join_same_op=True)] == [
+        ["fc2_w", "fc2_b"], ["fc1_w", "fc1_b"], ["conv2_w", "conv2_b"]]
     # gradients of unknown writers keep the size limit
     unknown = [GradInfo(g.name, g.nbytes, g.dtype, g.order) for g in _grads()]
     assert len(assign_buckets(unknown, 1 << 20, join_same_op=True)) == 3
@@ -33,11 +42,14 @@ def test_planner_mirrors_the_joined_packing() -> None:
     sizes = [g.nbytes for g in _grads()]
     ready = [float(g.op) for g in _grads()]
     assert bucket_sizes(sizes, 1 << 20) == [(2, 11_304), (3, 2 << 20), (5, 18_560)]
-    assert bucket_sizes(sizes, 1 << 20, ready) == [(3, 11_304 + (2 << 20)), (5, 18_560)]
-    profile = StepProfile("fc", 1e9, 2e9, tuple(
-        GradTiming(g.name, g.nbytes, 1e8 * g.op) for g in _grads()))
+    assert bucket_sizes(sizes, 1 << 20, ready) == [(1, 10_280), (3, 1024 + (2 << 20)),
+                                                   (5, 18_560)]
+    assert bucket_sizes(sizes, 4 << 20, ready) == [(5, sum(sizes))]
+    grads = tuple(GradTiming(name, 60_000, ready) for name, ready in (
+        ("a_w", 1e8), ("a_b", 1e8), ("b_w", 2e8), ("b_b", 2e8)))
+    profile = StepProfile("pairs", 1e9, 2e9, grads)
     model = CostModel({"gloo": AlphaBeta(1e-3, 1e-10, cpu_alpha=1e-3)}, flops_per_sec=1e11)
-    split = predict(profile, model, 2, 1 << 20)
-    joined = predict(profile, model, 2, 1 << 20, join_ready=True)
-    assert (split.collectives, joined.collectives) == (3, 2)
-    assert joined.contention_s < split.contention_s  # one overlapped collective fewer
+    split = predict(profile, model, 2, 100_000)  # every gradient alone
+    joined = predict(profile, model, 2, 100_000, join_ready=True)  # one bucket per op
+    assert (split.collectives, joined.collectives) == (4, 2)
+    assert joined.contention_s < split.contention_s  # fewer overlapped collectives

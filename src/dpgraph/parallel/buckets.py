@@ -77,13 +77,18 @@ def assign_buckets(grads: Sequence[GradInfo], bucket_bytes: float,
                    join_same_op: bool = False) -> list[Bucket]:
     """Greedy packing in production order; one open bucket per dtype (and group), closed
     when the next gradient would take it past ``bucket_bytes`` (a larger gradient gets its
-    own bucket).  With ``join_same_op`` (``"auto"``), a gradient written by the op that
-    wrote the bucket's last gradient joins it whatever the size: splitting those would cost
-    a collective and gain no overlap (they are ready together).
+    own bucket).  With ``join_same_op`` (``"auto"``), the gradients one op writes are
+    packed as one unit (the size test takes them all): splitting them would cost a
+    collective and gain no overlap, as they are ready together.
 
     Returns the buckets sorted by the op after which they are ready (then by first grad).
     """
     ordered = sorted(grads, key=lambda g: (g.order, g.name))
+    unit: dict[tuple[str, Any, int], int] = {}
+    for grad in ordered:
+        if join_same_op and grad.op >= 0:
+            key = (grad.dtype, grad.group, grad.op)
+            unit[key] = unit.get(key, 0) + grad.nbytes
     open_by_kind: dict[tuple[str, Any], list[GradInfo]] = {}
     closed: list[tuple[tuple[str, Any], list[GradInfo]]] = []
     for grad in ordered:
@@ -91,8 +96,9 @@ def assign_buckets(grads: Sequence[GradInfo], bucket_bytes: float,
         current = open_by_kind.setdefault(kind, [])
         same_op = (join_same_op and bool(current) and grad.op >= 0
                    and current[-1].op == grad.op)
+        size = unit.get((*kind, grad.op), grad.nbytes)
         if (current and not same_op
-                and sum(g.nbytes for g in current) + grad.nbytes > bucket_bytes):
+                and sum(g.nbytes for g in current) + size > bucket_bytes):
             closed.append((kind, current))
             current = open_by_kind[kind] = []
         current.append(grad)

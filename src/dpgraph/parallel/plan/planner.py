@@ -56,15 +56,21 @@ class Prediction:
 def bucket_sizes(sizes: Sequence[int], bucket_bytes: float | None,
                  ready: Sequence[float] | None = None) -> list[tuple[int, int]]:
     """``(last gradient index, bytes)`` per bucket, greedily in production order (the
-    packing of :func:`dpgraph.parallel.buckets.assign_buckets` for one dtype: gradients
-    ready at the same point, ``ready``, share a bucket whatever its size)."""
+    packing of :func:`dpgraph.parallel.buckets.assign_buckets` for one dtype: with
+    ``ready``, gradients ready at the same point are packed as one unit)."""
     if bucket_bytes is None:
         return [(i, n) for i, n in enumerate(sizes)]
+    unit = list(sizes)
+    if ready is not None:
+        totals: dict[float, int] = {}
+        for n, at in zip(sizes, ready):
+            totals[at] = totals.get(at, 0) + n
+        unit = [totals[at] for at in ready]
     result: list[tuple[int, int]] = []
     current, last = 0, -1
     for i, n in enumerate(sizes):
         together = ready is not None and last >= 0 and ready[i] == ready[last]
-        if current and not together and current + n > bucket_bytes:
+        if current and not together and current + unit[i] > bucket_bytes:
             result.append((last, current))
             current = 0
         current += n
