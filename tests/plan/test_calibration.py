@@ -35,7 +35,7 @@ def test_contention_formula_and_json_round_trip(tmp_path: Path) -> None:
     assert changed.backend("gloo") == AlphaBeta(5e-4, 1e-9, 2e-5, 3e-10)
 
 
-def test_relative_fit_keeps_the_small_sizes() -> None:
+def test_fit_keeps_the_small_sizes() -> None:
     sizes = [4e3, 6.4e4, 2.56e5, 1e6, 4e6]
     exact = [2 * 1e-4 + n * 1e-9 for n in sizes]
     figures = fit(sizes, exact, steps=2, volume=1)

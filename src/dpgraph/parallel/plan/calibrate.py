@@ -7,8 +7,8 @@ bucket sizes from it.  It measures what a training step sees: collectives issued
 back without a barrier (so a rank's time includes waiting for a later peer, as after a
 backward pass), the *median* of the repeats (not the best: a step pays the typical cost),
 over sizes from 4 KiB to 4 MiB (the latency-bound small buckets and the gradient and bucket
-sizes of a step), fitted by least squares of the *relative* error so the small sizes
-set ``alpha`` and the large ones ``beta``.  It also measures the contention term: the CPU
+sizes of a step); the smallest size sets ``alpha`` and the larger ones ``beta``
+(:func:`fit`).  It also measures the contention term: the CPU
 time the transport's threads burn while an all-reduce runs beside a stretch of compute (a
 small and a bucket-sized one), of which :func:`contention_share` comes out of the compute
 (all of it when the ranks of a host compute on every core, as on loopback).  :func:`calibrate` starts ``processes`` local ranks over Gloo on
@@ -56,14 +56,16 @@ def _typical_time(fn: Any, repeats: int) -> float:
 
 def fit(sizes: Sequence[float], times: Sequence[float], steps: float,
         volume: float) -> AlphaBeta:
-    """Least squares of the relative error of ``t = steps * alpha + volume * n * beta``
-    (both kept >= 0): small sizes weigh as much as large ones."""
-    t = np.maximum(np.asarray(times, dtype=np.float64), 1e-12)
-    a = np.array([[steps, volume * n] for n in sizes], dtype=np.float64) / t[:, None]
-    solution, *_ = np.linalg.lstsq(a, np.ones_like(t), rcond=None)
-    alpha, beta = (max(float(v), 0.0) for v in solution)
-    if beta == 0.0:
-        beta = max(float(t[-1]) - steps * alpha, 0.0) / (volume * sizes[-1])
+    """``t = steps * alpha + volume * n * beta`` (both kept >= 0) in two stages, so that
+    neither term drowns the other: ``alpha`` from the smallest size (latency-bound), then
+    ``beta`` by least squares of what the larger sizes take beyond that latency (the
+    bucket-sized transfers set it)."""
+    order = np.argsort(np.asarray(sizes, dtype=np.float64))
+    n = np.asarray(sizes, dtype=np.float64)[order]
+    t = np.asarray(times, dtype=np.float64)[order]
+    extra, more = t[1:] - t[0], volume * (n[1:] - n[0])  # beyond the smallest size
+    beta = max(float(np.dot(more, extra) / np.dot(more, more)), 0.0) if len(n) > 1 else 0.0
+    alpha = max(float(t[0]) - volume * n[0] * beta, 0.0) / steps
     return AlphaBeta(alpha, beta)
 
 
