@@ -93,8 +93,12 @@ def test_a_device_with_other_losses_runs_the_full_pass(
 
 
 def _op(**args: Any) -> caffe2_pb2.OperatorDef:
-    op = caffe2_pb2.OperatorDef(type="X", input=["cpu_0/a"], output=["cpu_0/a_grad"])
+    op = caffe2_pb2.OperatorDef(type="X", input=["cpu_0/a", "_cpu_0/a_grad_autosplit_0"],
+                                output=["cpu_0/a_grad"], control_input=["cpu_0/c"])
     for name, value in args.items():
+        if name == "debug_info":
+            op.debug_info = value
+            continue
         arg = op.arg.add(name=name)
         if isinstance(value, caffe2_pb2.NetDef):
             arg.n.CopyFrom(value)
@@ -106,8 +110,17 @@ def _op(**args: Any) -> caffe2_pb2.OperatorDef:
 
 
 def test_renamable_rejects_names_renaming_would_miss() -> None:
-    renamable = clone_gradients._renamable
-    assert renamable([_op(order=b"NCHW", tags=[b"x", b"y"])], "cpu_0/")
-    assert not renamable([_op(blob=b"cpu_0/a")], "cpu_0/")
-    assert not renamable([_op(blobs=[b"ONE", b"cpu_0/a"])], "cpu_0/")
-    assert not renamable([_op(step=caffe2_pb2.NetDef(name="inner"))], "cpu_0/")
+    from dpgraph.parallel.clone import plans_of
+
+    def renamable(op: caffe2_pb2.OperatorDef) -> bool:
+        option = caffe2_pb2.DeviceOption(device_type=caffe2_pb2.CPU, device_id=0)
+        return clone_gradients._renamable(plans_of([op], option), "cpu_0/")
+
+    assert renamable(_op(order=b"NCHW", tags=[b"x", b"y"], blob=b"cpu_1/a"))
+    assert renamable(_op(step=caffe2_pb2.NetDef(name="inner", external_input=["ONE"])))
+    assert not renamable(_op(blob=b"cpu_0/a"))
+    assert not renamable(_op(blobs=[b"ONE", b"cpu_0/a"]))
+    assert not renamable(_op(debug_info="made from cpu_0/a"))
+    inner = caffe2_pb2.NetDef(name="inner")
+    inner.op.add(type="Relu", input=["cpu_0/a"], output=["cpu_0/b"])
+    assert not renamable(_op(step=inner))

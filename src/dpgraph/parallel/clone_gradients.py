@@ -7,8 +7,8 @@ backward pass for the first device's block only; every other device whose forwar
 (and losses) is exactly the first's renamed gets the first's gradient ops and gradient map
 renamed.  Gradient makers build a gradient op from its forward op alone, so a renamed
 forward op has the renamed gradient; the first device's gradients must therefore live in
-its own scope, hold no nested nets and name no first-device blob in a string argument
-(a name that renaming would miss).  It then updates the model as
+its own scope and name its blobs only as inputs, outputs and control inputs (not in a
+string argument, a nested net or debug info, which renaming would miss).  It then updates the model as
 ``ModelHelper.AddGradientOperators`` does.  It returns False, having changed nothing,
 whenever any of that does not hold (the caller then runs the full pass).
 """
@@ -89,16 +89,19 @@ def _scoped(grad_map: dict[Any, Any], ops: OpList, scope: str) -> bool:
     return all(n.startswith(scope) or n.startswith("_" + scope) for n in names)
 
 
-def _renamable(ops: OpList, scope: str) -> bool:
-    """No nested nets, and no string argument naming a blob of ``scope`` (renaming only
-    moves inputs, outputs and control inputs)."""
+def _renamable(compiled: list[OpPlan], scope: str) -> bool:
+    """No name of ``scope`` outside the ops' inputs, outputs and control inputs (renaming
+    moves only those): no string argument, nested net, op name or debug info holds one.
+    Counted in each op's bytes: ``scope`` cannot overlap itself, so the count there is
+    the names' count plus any other occurrence."""
     marker = scope.encode()
-    for op in ops:
-        for arg in op.arg:
-            if arg.HasField("n") or len(arg.nets):
-                return False
-            if marker in arg.s or any(marker in s for s in arg.strings):
-                return False
+    for op, ins, outs, ctrl, _ in compiled:
+        expected = 0
+        for names in (ins, outs, ctrl):
+            for name in names:
+                expected += name.count(scope)
+        if op.SerializeToString().count(marker) != expected:
+            return False
     return True
 
 
@@ -155,9 +158,11 @@ def add_gradients_by_cloning(state: ParallelState, forward_ops: int,
             return False
     scope = state.namescope(devices[0]) + "/"
     ops0, map0 = GetBackwardPass(blocks[0], ys0)
-    if not _scoped(map0, ops0, scope) or not _renamable(ops0, scope):
+    if not _scoped(map0, ops0, scope):
         return False
     compiled = plans_of(ops0, first_option)
+    if not _renamable(compiled, scope):
+        return False
     maps = {devices[0]: map0}
     for device in devices[1:]:
         maps[device] = _renamed_map(map0, renamers[device])
