@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from dpgraph.errors import NotSupportedError
+from dpgraph.errors import ArgumentError, NotSupportedError
 from dpgraph.ir.arguments import arguments_dict
 from dpgraph.ir.registry import register_gradient, register_op
 from dpgraph.ops._common import FLOAT, host, same_as_input
@@ -29,6 +29,7 @@ from dpgraph.ops._conv_util import (
 )
 from dpgraph.ops.context import OpContext, Outputs
 from dpgraph.ops.gradient_builder import GradientBuilder
+from dpgraph.ops.nms import SOFT_NMS_METHODS, hard_nms, soft_nms
 
 
 def _check_4d(ctx: OpContext, x: Any, what: str = "X") -> None:
@@ -357,26 +358,6 @@ def bbox_transform(ctx: OpContext) -> Outputs:
 
 
 # --- BoxWithNMSLimit -------------------------------------------------------------------------
-def _nms(boxes: np.ndarray, scores: np.ndarray, threshold: float, top_n: int = -1,
-         plus_one: float = 1.0) -> np.ndarray:
-    """Greedy NMS (``plus_one``: Caffe2's legacy +1 in widths); kept indices by decreasing
-    score, at most ``top_n`` when it is >= 0."""
-    order = np.argsort(-scores, kind="stable")
-    areas = (boxes[:, 2] - boxes[:, 0] + plus_one) * (boxes[:, 3] - boxes[:, 1] + plus_one)
-    keep: list[int] = []
-    while order.size and (top_n < 0 or len(keep) < top_n):
-        i, rest = order[0], order[1:]
-        keep.append(int(i))
-        w = np.maximum(0.0, np.minimum(boxes[i, 2], boxes[rest, 2])
-                       - np.maximum(boxes[i, 0], boxes[rest, 0]) + plus_one)
-        h = np.maximum(0.0, np.minimum(boxes[i, 3], boxes[rest, 3])
-                       - np.maximum(boxes[i, 1], boxes[rest, 1]) + plus_one)
-        inter = w * h
-        overlap = inter / (areas[i] + areas[rest] - inter)
-        order = rest[overlap <= threshold]
-    return np.array(keep, np.int64)
-
-
 class _NMSLayout:
     """Where class ``j`` (0 = background) reads its scores and boxes, and the class id it
     outputs (Caffe2's cls_agnostic_bbox_reg, input_boxes_include_bg_cls and
@@ -386,8 +367,9 @@ class _NMSLayout:
         self.with_bg = bool(ctx.int_arg("input_boxes_include_bg_cls", 1))
         self.agnostic = bool(ctx.int_arg("cls_agnostic_bbox_reg", 0))
         self.out_bg = bool(ctx.int_arg("output_classes_include_bg_cls", 1))
-        expected = 4 * (self.box_block(num_classes - 1) + 1)
-        if box_cols == 4 and expected != 4:
+        self.box_dim = 5 if ctx.int_arg("rotated", 0) else 4
+        expected = self.box_dim * (self.box_block(num_classes - 1) + 1)
+        if box_cols == self.box_dim and expected != self.box_dim:
             self.agnostic = True  # dpgraph also accepts R×4 boxes without the flag
         elif box_cols != expected:
             raise ctx.fail(f"boxes have {box_cols} columns, expected {expected} for "
@@ -396,6 +378,10 @@ class _NMSLayout:
     def box_block(self, j: int) -> int:
         return 0 if self.agnostic else (j if self.with_bg else j - 1)
 
+    def box_cols(self, j: int) -> slice:
+        start = self.box_dim * self.box_block(j)
+        return slice(start, start + self.box_dim)
+
     def score_col(self, j: int) -> int:
         return j - 1 + int(self.with_bg)
 
@@ -403,29 +389,57 @@ class _NMSLayout:
         return j - int(not self.out_bg)
 
 
-def _nms_image(ctx: OpContext, layout: _NMSLayout, scores: np.ndarray,
-               boxes: np.ndarray) -> list[np.ndarray]:
-    """Per class (skipping background 0): kept row indices after threshold, NMS and limit."""
+class _NMSParams:
+    """BoxWithNMSLimit's arguments for one run."""
+
+    def __init__(self, ctx: OpContext) -> None:
+        self.score_thresh = ctx.float_arg("score_thresh", 0.05)
+        self.nms = ctx.float_arg("nms", 0.3)
+        self.limit = ctx.int_arg("detections_per_im", 100)
+        self.plus_one = float(ctx.int_arg("legacy_plus_one", 1))
+        self.soft = bool(ctx.int_arg("soft_nms_enabled", 0))
+        method = ctx.str_arg("soft_nms_method", "linear")
+        if method not in SOFT_NMS_METHODS:
+            raise ArgumentError(ctx.describe(f"soft_nms_method must be 'linear' or "
+                                             f"'gaussian', got {method!r}."))
+        self.soft_method = SOFT_NMS_METHODS[method]
+        self.soft_sigma = ctx.float_arg("soft_nms_sigma", 0.5)
+        self.soft_min_score = ctx.float_arg("soft_nms_min_score_thres", 0.001)
+
+
+def _nms_class(params: _NMSParams, boxes: np.ndarray, scores: np.ndarray
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """One class of one image: the kept rows and the (Soft-NMS rescored) scores."""
+    rows = np.flatnonzero(scores > params.score_thresh)
+    if params.soft:
+        keep, rescored = soft_nms(boxes, scores, rows, params.soft_sigma, params.nms,
+                                  params.soft_min_score, params.soft_method,
+                                  params.plus_one)
+        return np.array(keep, np.int64), rescored
+    order = rows[np.argsort(-scores[rows], kind="stable")]
+    return hard_nms(boxes, order, params.nms, params.limit, params.plus_one), scores
+
+
+def _nms_image(params: _NMSParams, layout: _NMSLayout, scores: np.ndarray,
+               boxes: np.ndarray) -> tuple[list[np.ndarray], np.ndarray]:
+    """Per class (skipping background 0): kept row indices after threshold, NMS and limit,
+    and the scores they are ranked and reported by (rescored by Soft-NMS)."""
     num_classes = scores.shape[1]
-    threshold, nms = ctx.float_arg("score_thresh", 0.05), ctx.float_arg("nms", 0.3)
-    limit = ctx.int_arg("detections_per_im", 100)
-    plus_one = float(ctx.int_arg("legacy_plus_one", 1))
+    out_scores = scores.copy()
     keeps = [np.zeros(0, np.int64)]
     for j in range(1, num_classes):
-        col = scores[:, layout.score_col(j)]
-        rows = np.flatnonzero(col > threshold)
-        block = 4 * layout.box_block(j)
-        kept = _nms(boxes[rows, block:block + 4], col[rows], nms, limit if limit > 0 else -1,
-                    plus_one)
-        keeps.append(rows[kept])
+        col = layout.score_col(j)
+        kept, out_scores[:, col] = _nms_class(params, boxes[:, layout.box_cols(j)],
+                                              scores[:, col])
+        keeps.append(kept)
     total = sum(k.size for k in keeps)
-    if 0 < limit < total:
+    if 0 < params.limit < total:
         cls = np.concatenate([np.full(k.size, j) for j, k in enumerate(keeps)])
         rows = np.concatenate(keeps)
         cols = np.array([layout.score_col(j) for j in cls], np.int64)
-        best = np.argsort(-scores[rows, cols], kind="stable")[:limit]
+        best = np.argsort(-out_scores[rows, cols], kind="stable")[:params.limit]
         keeps = [rows[best[cls[best] == j]] for j in range(num_classes)]
-    return keeps
+    return keeps, out_scores
 
 
 def _as_2d(ctx: OpContext, value: Any, what: str) -> np.ndarray:
@@ -440,11 +454,12 @@ def _as_2d(ctx: OpContext, value: Any, what: str) -> np.ndarray:
 @register_op("BoxWithNMSLimit", inputs=(2, 3), outputs=(3, 6))
 def box_with_nms_limit(ctx: OpContext) -> Outputs:
     """[scores (R×C), boxes (R×4C; R×4 with cls_agnostic_bbox_reg; R×4(C-1) without
-    input_boxes_include_bg_cls), batch_splits?] -> [scores, boxes (n×4), classes
-    (, batch_splits, keeps, keeps_size)]: per-class NMS (legacy_plus_one) with a per-image
-    detection limit; keeps are row indices within each image."""
-    if ctx.int_arg("soft_nms_enabled", 0) or ctx.int_arg("rotated", 0):
-        raise NotSupportedError(ctx.describe("soft NMS and rotated boxes are not supported"))
+    input_boxes_include_bg_cls; 5 values per box with ``rotated``), batch_splits?] ->
+    [scores, boxes (n×4 or n×5), classes (, batch_splits, keeps, keeps_size)]: per-class NMS
+    (legacy_plus_one; Soft-NMS with ``soft_nms_enabled``, whose rescored scores rank and
+    are reported) with a per-image detection limit; keeps are row indices within each
+    image."""
+    params = _NMSParams(ctx)
     scores = _as_2d(ctx, ctx.inputs[0], "scores")
     boxes = _as_2d(ctx, ctx.inputs[1], "boxes")
     if boxes.shape[0] != scores.shape[0]:
@@ -455,25 +470,24 @@ def box_with_nms_limit(ctx: OpContext) -> Outputs:
     if int(splits.sum()) != scores.shape[0]:
         raise ctx.fail(f"batch_splits sum to {int(splits.sum())}, expected {scores.shape[0]}")
     out_scores: list[np.ndarray] = [np.zeros(0, np.float32)]
-    out_boxes: list[np.ndarray] = [np.zeros((0, 4), np.float32)]
+    out_boxes: list[np.ndarray] = [np.zeros((0, layout.box_dim), np.float32)]
     out_classes: list[np.ndarray] = [np.zeros(0, np.float32)]
     out_keeps: list[np.ndarray] = [np.zeros(0, np.int64)]
     counts, sizes = [], []
     start = 0
     for size in splits:
         sl = slice(start, start + int(size))
-        keeps = _nms_image(ctx, layout, scores[sl], boxes[sl])
+        keeps, image_scores = _nms_image(params, layout, scores[sl], boxes[sl])
         for j, rows in enumerate(keeps[1:], start=1):  # class 0 (background) keeps none
-            out_scores.append(scores[sl][rows, layout.score_col(j)])
-            block = 4 * layout.box_block(j)
-            out_boxes.append(boxes[sl][rows, block:block + 4])
+            out_scores.append(image_scores[rows, layout.score_col(j)])
+            out_boxes.append(boxes[sl][rows, layout.box_cols(j)])
             out_classes.append(np.full(rows.size, layout.out_class(j), np.float32))
             out_keeps.append(rows)
         counts.append(sum(k.size for k in keeps))
         sizes.append([k.size for k in keeps])
         start += int(size)
     outs = [np.concatenate(out_scores).astype(np.float32),
-            np.concatenate(out_boxes).reshape(-1, 4).astype(np.float32),
+            np.concatenate(out_boxes).reshape(-1, layout.box_dim).astype(np.float32),
             np.concatenate(out_classes), np.array(counts, np.float32),
             np.concatenate(out_keeps).astype(np.int32),
             np.array(sizes, np.int32).reshape(len(splits), scores.shape[1])]

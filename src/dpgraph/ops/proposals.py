@@ -11,6 +11,7 @@ import numpy as np
 from dpgraph.ir.registry import register_op
 from dpgraph.ops._common import host
 from dpgraph.ops.context import OpContext, Outputs
+from dpgraph.ops.nms import hard_nms
 
 # --- GenerateProposals (RPN) -----------------------------------------------------------------
 _BBOX_XFORM_CLIP = float(np.log(1000.0 / 16.0))
@@ -32,23 +33,6 @@ def _apply_deltas(boxes: np.ndarray, deltas: np.ndarray, offset: float) -> np.nd
 
 def _box_areas(boxes: Any, offset: float) -> Any:
     return (boxes[:, 2] - boxes[:, 0] + offset) * (boxes[:, 3] - boxes[:, 1] + offset)
-
-
-def _greedy_nms(boxes: np.ndarray, threshold: float, top_n: int, offset: float) -> np.ndarray:
-    """Indices kept by Caffe2's nms_cpu on score-sorted ``boxes`` (IoU > threshold is
-    suppressed), at most ``top_n`` when top_n > 0."""
-    areas = _box_areas(boxes, offset)
-    order = np.arange(boxes.shape[0])
-    keep: list[int] = []
-    while order.size and (top_n <= 0 or len(keep) < top_n):
-        i, rest = int(order[0]), order[1:]
-        keep.append(i)
-        lo = np.maximum(boxes[i, :2], boxes[rest, :2])
-        hi = np.minimum(boxes[i, 2:], boxes[rest, 2:])
-        wh = np.maximum(hi - lo + offset, 0)
-        inter = wh[:, 0] * wh[:, 1]
-        order = rest[inter / (areas[i] + areas[rest] - inter) <= threshold]
-    return np.asarray(keep, dtype=np.int64)
 
 
 class _ProposalParams:
@@ -86,7 +70,7 @@ def _proposals_one_image(p: _ProposalParams, scores: np.ndarray, deltas: np.ndar
     keep = np.flatnonzero((ws >= min_size) & (hs >= min_size)
                           & (boxes[:, 0] + ws / 2 < width) & (boxes[:, 1] + hs / 2 < height))
     boxes, top_scores = boxes[keep], top_scores[keep]
-    kept = _greedy_nms(boxes, p.nms_thresh, p.post_nms_top_n, p.offset)
+    kept = hard_nms(boxes, np.arange(boxes.shape[0]), p.nms_thresh, p.post_nms_top_n, p.offset)
     return boxes[kept], top_scores[kept]
 
 
