@@ -65,6 +65,8 @@ def fit(sizes: Sequence[float], times: Sequence[float], steps: float,
     t = np.asarray(times, dtype=np.float64)[order]
     extra, more = t[1:] - t[0], volume * (n[1:] - n[0])  # beyond the smallest size
     beta = max(float(np.dot(more, extra) / np.dot(more, more)), 0.0) if len(n) > 1 else 0.0
+    if beta == 0.0:  # the large sizes were no slower (noise): their mean time per byte
+        beta = float(t[-1]) / (volume * n[-1])
     alpha = max(float(t[0]) - volume * n[0] * beta, 0.0) / steps
     return AlphaBeta(alpha, beta)
 
