@@ -38,3 +38,30 @@ def test_unsafe_coalesce_outputs_view_the_coalesced_buffer() -> None:
         run_op(op, [xs[0], np.array([1], np.int32), xs[2]])
     with pytest.raises(Exception, match="plus the coalesced"):
         run_op(CreateOperator("UnsafeCoalesce", ["a"], ["a"]), xs[:1])
+
+
+def test_feeding_coalesced_storage_writes_through_to_every_view() -> None:
+    """As Caffe2's FeedBlob reuses a tensor's memory: feeding the coalesced blob (or a view)
+    an array of its shape and dtype changes every blob sharing it; another shape does not."""
+    from dpgraph import core, workspace
+
+    workspace.ResetWorkspace()
+    workspace.FeedBlob("x", np.ones((2, 2), np.float32))
+    workspace.FeedBlob("y", np.ones(3, np.float32))
+    op = core.CreateOperator("UnsafeCoalesce", ["x", "y"], ["x", "y", "shared"])
+    workspace.RunOperatorOnce(op)
+    workspace.FeedBlob("shared", np.full(7, -2.0, np.float32))
+    assert (workspace.FetchBlob("x") == -2).all() and (workspace.FetchBlob("y") == -2).all()
+    workspace.FeedBlob("y", np.array([5.0, 6.0, 7.0], np.float32))
+    np.testing.assert_array_equal(workspace.FetchBlob("shared")[4:], [5, 6, 7])
+    workspace.FeedBlob("shared", np.zeros(8, np.float32))  # another shape: a new tensor
+    assert (workspace.FetchBlob("x") == -2).all()
+    workspace.FeedBlob("x", np.zeros((2, 2), np.float64))  # another dtype: a new tensor
+    np.testing.assert_array_equal(workspace.FetchBlob("y"), [5, 6, 7])
+    workspace.FeedBlob("x", np.zeros((2, 2), np.float32))
+    workspace.RunOperatorOnce(op)  # coalescing again is fine
+    np.testing.assert_array_equal(workspace.FetchBlob("shared"), [0, 0, 0, 0, 5, 6, 7])
+    plain = np.ones(2, np.float32)
+    workspace.FeedBlob("plain", plain)
+    workspace.FeedBlob("plain", np.zeros(2, np.float32))
+    assert plain.tolist() == [1, 1]  # ordinary blobs are replaced, never written into

@@ -7,6 +7,7 @@ serializer, op kernels, the runtime, collective backends) uses these.
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import numpy as np
@@ -30,3 +31,19 @@ def to_host(value: Any) -> Any:
 def host(value: Any) -> np.ndarray:
     """``value`` as a numpy array (copied off the GPU for CuPy arrays, a view if possible)."""
     return np.asarray(to_host(value))
+
+
+# --- storage several blobs share (UnsafeCoalesce) --------------------------------------------
+_SHARED_STORAGE: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
+
+
+def mark_shared_storage(*arrays: Any) -> None:
+    """Record that these arrays are storage other blobs share (an op made them views of one
+    buffer), so feeding one of them writes into it as Caffe2's FeedBlob does."""
+    for array in arrays:
+        _SHARED_STORAGE[id(array)] = array
+
+
+def is_shared_storage(value: Any) -> bool:
+    """Whether ``value`` was marked by :func:`mark_shared_storage` (and is still alive)."""
+    return _SHARED_STORAGE.get(id(value)) is value

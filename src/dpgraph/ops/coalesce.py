@@ -5,7 +5,8 @@ unsafe_coalesce).
   inputs may live on different devices (``cross_device``).  No gradient may flow through it.
 * ``UnsafeCoalesce`` [X_0..X_n-1] -> [X_0..X_n-1, coalesced]: copies the float32 inputs, in
   order and flattened, into one new buffer and makes every output ``i`` a view of its slice
-  (same shape as ``X_i``), so ops on the coalesced blob act on all of them at once.
+  (same shape as ``X_i``), so ops on the coalesced blob act on all of them at once, and
+  feeding any of these blobs an array of its shape and dtype writes into the shared buffer.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from dpgraph.errors import GradientError
+from dpgraph.ir.arrays import mark_shared_storage
 from dpgraph.ir.registry import register_gradient, register_op
 from dpgraph.ops.context import OpContext, Outputs
 from dpgraph.ops.gradient_builder import GradientBuilder
@@ -70,4 +72,5 @@ def unsafe_coalesce(ctx: OpContext) -> Outputs:
         coalesced[offset:offset + size] = x.reshape(-1)
         views.append(coalesced[offset:offset + size].reshape(x.shape))
         offset += size
+    mark_shared_storage(coalesced, *views)
     return (*views, coalesced)

@@ -28,6 +28,7 @@ from dpgraph.errors import (
     did_you_mean,
 )
 from dpgraph.ir import scope
+from dpgraph.ir.arrays import is_shared_storage
 from dpgraph.ir.device import device_key, device_name
 from dpgraph.ir.proto_io import (
     ProtoLimitError,
@@ -316,7 +317,19 @@ class Workspace:
         if devices.is_gpu(key) and array.dtype == np.float64:
             warnings.warn(f"FeedBlob({name!r}): feeding a float64 array to {device_name(key)}; "
                           "CUDA ops usually expect float32.", stacklevel=3)
-        self.set_blob(name, devices.to_device(array, key), key)
+        if not self._write_into_shared_storage(name, array, key):
+            self.set_blob(name, devices.to_device(array, key), key)
+        return True
+
+    def _write_into_shared_storage(self, name: str, array: np.ndarray, key: DeviceKey) -> bool:
+        """Feeding a blob whose storage other blobs share (UnsafeCoalesce) an array of the
+        same shape and dtype writes into that storage, as Caffe2's FeedBlob reuses a tensor's
+        memory; True when it did."""
+        old = self._blobs.get(name)
+        if old is None or not is_shared_storage(old) or old.shape != array.shape or \
+                old.dtype != array.dtype or self._placement.get(name) != key:
+            return False
+        old[...] = devices.to_device(array, key)
         return True
 
     def fetch_blob(self, name: Any) -> Any:
