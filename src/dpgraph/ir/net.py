@@ -524,6 +524,18 @@ class Net:
     def RunAllOnMKL(self) -> None:
         self._net.device_option.CopyFrom(DeviceOption(caffe2_pb2.PROTO_MKLDNN))
 
+    # --- observers (on the net created in the current workspace) -------------------------
+    def AddObserver(self, observer_type: str) -> Any:
+        """Attach a ``"TimeObserver"`` or ``"RunCountObserver"`` to this net as created in
+        the current workspace (see dpgraph.runtime.observers); returns the observer."""
+        return NET_EXTENSIONS.lookup("add_observer")(self._net.name, observer_type)
+
+    def RemoveObserver(self, observer: Any) -> None:
+        NET_EXTENSIONS.lookup("remove_observer")(self._net.name, observer)
+
+    def NumObservers(self) -> int:
+        return NET_EXTENSIONS.lookup("num_observers")(self._net.name)
+
     # --- autodiff ----------------------------------------------------------------------
     def AddGradientOperators(self, ys: Any, skip: int = 0) -> dict[BlobReference, Any]:
         """Append the backward pass for ``ys``; return ``{blob: gradient}``."""

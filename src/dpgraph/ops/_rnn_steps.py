@@ -10,6 +10,7 @@ op's ``step_workspaces`` output and persists across runs.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Container, Iterator, MutableMapping
 from typing import Any
 
@@ -18,6 +19,7 @@ import numpy as np
 from dpgraph.errors import BlobNotFoundError, DpgraphError, OperatorError
 from dpgraph.ir.arguments import arguments_dict
 from dpgraph.ir.registry import OPERATORS
+from dpgraph.ops import observing
 from dpgraph.ops.context import OpContext
 from dpgraph.proto import caffe2_pb2
 
@@ -157,6 +159,7 @@ def run_step_ops(step_ops: list[StepOp], blobs: BlobChain, where: str,
                 "workspace; pass it to the recurrent op as an input (a reference).") from None
         ctx = step.ctx
         ctx.inputs = values
+        start = time.perf_counter() if observing.ACTIVE else 0.0
         try:
             outs = step.kernel(ctx)
         except Exception as error:
@@ -165,6 +168,8 @@ def run_step_ops(step_ops: list[StepOp], blobs: BlobChain, where: str,
                                        f"failed") from error
         finally:
             ctx.inputs = []
+            if start:
+                observing.report(step, time.perf_counter() - start)
         for name, value in zip(step.outputs, outs):
             blobs[name] = np.asarray(value) if isinstance(value, np.generic) else value
             if on_write is not None and name in watched:

@@ -25,6 +25,11 @@ from dpgraph.ir.registry import OPERATORS
 from dpgraph.ops import python_op
 from dpgraph.proto import caffe2_pb2
 from dpgraph.runtime import api
+from dpgraph.runtime.observers import (  # noqa: F401  (Caffe2's C.*_observer* functions)
+    add_observer_to_net,
+    num_observers_on_net,
+    remove_observer_from_net,
+)
 from dpgraph.runtime.workspace import Workspace as RuntimeWorkspace
 
 _child_ids = itertools.count()

@@ -40,7 +40,7 @@ from dpgraph.ir.proto_io import (
 from dpgraph.ops.fill import NUMPY_DTYPES
 from dpgraph.ops.queue import cancel_blocking_waits, forget_cancelled
 from dpgraph.proto import caffe2_pb2
-from dpgraph.runtime import devices
+from dpgraph.runtime import devices, observers
 from dpgraph.runtime.executor import SimpleExecutor, make_executor
 from dpgraph.runtime.first_run import run_first_run_checks
 from dpgraph.runtime.operator import OpInstance, interned_key, net_entropy
@@ -81,6 +81,7 @@ class NetInstance:
         self.executor = make_executor(self.proto.type, self.ops, self.proto.num_workers,
                                       self.name)
         self.checked = False
+        self.observers: list[observers.NetObserver] = []  # net.AddObserver's
         self._cancelled = threading.Event()
         self._forget = False  # cancel() marked this net's threads (see run())
         self._runner: int | None = None  # the thread in run(), while it runs
@@ -93,7 +94,10 @@ class NetInstance:
             self._cancelled.clear()
         self._runner = threading.get_ident()
         try:
-            self.executor.run(self.workspace._blobs, self.workspace._placement)
+            if self.observers:
+                observers.run_observed(self.observers, self._run_executor)
+            else:
+                self._run_executor()
         except Exception as error:
             if self._cancelled.is_set():
                 raise self._cancelled_error() from error
@@ -105,6 +109,9 @@ class NetInstance:
             self._runner = None
         if self._cancelled.is_set():
             raise self._cancelled_error()
+
+    def _run_executor(self) -> None:
+        self.executor.run(self.workspace._blobs, self.workspace._placement)
 
     def cancel(self) -> None:
         """Stop a run in progress (Caffe2's ``NetBase::Cancel``): ops blocked on a queue
