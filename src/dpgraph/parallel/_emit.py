@@ -81,14 +81,16 @@ def _fill(op: caffe2_pb2.OperatorDef, op_type: str, name: str, inputs: list[str]
 def emit_copies(net: Any, op_type: str, inputs: Iterable[Any], outputs: list[list[str]],
                 device: caffe2_pb2.DeviceOption, device_ids: list[int] | None = None) -> None:
     """``emit_op(net, op_type, inputs, outputs[i], device)`` for each ``i`` (on device id
-    ``device_ids[i]`` when given), the same bytes in one go: one op is filled, the others
-    are copies of it with their outputs (see ``Net.append_ops_like``)."""
+    ``device_ids[i]`` when given), the same bytes in one go: the first op is emitted, the
+    others are copies of it with their outputs (see ``Net.append_ops_like``)."""
     if not outputs:
         return
-    input_names = [str(b) for b in inputs]
-    template = caffe2_pb2.OperatorDef()
-    _fill(template, op_type, "", input_names, outputs[0], None, device, None, {})
-    net.append_ops_like(template, outputs, device_ids)
+    first = emit_op(net, op_type, inputs, outputs[0], device)
+    if len(outputs) > 1:
+        template = caffe2_pb2.OperatorDef()
+        template.CopyFrom(first)
+        net.append_ops_like(template, outputs[1:],
+                            None if device_ids is None else device_ids[1:])
 
 
 def emit(net: Any, *ops: caffe2_pb2.OperatorDef) -> None:
