@@ -155,13 +155,10 @@ def compute_blobs_to_sync(state: ParallelState) -> tuple[list[BlobReference], li
         blobs = [str(p) for p in model.GetComputedParams("")]
         names = sorted({stripBlobName(b) for b in blobs})
     else:
-        blobs, name_set = [], set()
         scoped = prefix + "_"
-        for op in model.param_init_net.proto_for_reading().op:
-            for out in op.output[:]:
-                if out.startswith(scoped):
-                    blobs.append(out)
-                    name_set.add(out[out.find(_SEP) + 1:])  # stripBlobName
+        ops = model.param_init_net.proto_for_reading().op
+        blobs = [out for op in ops for out in op.output[:] if out.startswith(scoped)]
+        name_set = {out[out.find(_SEP) + 1:] for out in blobs}  # stripBlobName
         missing = sorted(set(state.param_names) - name_set)
         if missing:
             raise ParallelizeError(
