@@ -3,14 +3,14 @@
 When the forward net is one block of ops per device (after any ops the model had before
 Parallelize, which no device reads), the backward pass of the whole net is the backward
 passes of the device blocks, last device first.  :func:`add_gradients_by_cloning` runs the
-backward pass for the first device's block only; every other device whose forward block
-(and losses) is exactly the first's renamed gets the first's gradient ops and gradient map
-renamed.  Gradient makers build a gradient op from its forward op alone, so a renamed
-forward op has the renamed gradient; the first device's gradients must therefore live in
-its own scope and name its blobs only as inputs, outputs and control inputs (not in a
-string argument, a nested net or debug info, which renaming would miss).  It then updates the model as
-``ModelHelper.AddGradientOperators`` does.  It returns False, having changed nothing,
-whenever any of that does not hold (the caller then runs the full pass).
+backward pass for the first device's block only and, when every other device's forward
+block (and losses) is exactly the first's renamed, gives each the first's gradient ops and
+gradient map renamed.  Gradient makers build a gradient op from its forward op alone, so a
+renamed forward op has the renamed gradient; the first device's gradients must therefore
+live in its own scope and name its blobs only as inputs, outputs and control inputs (not
+in a string argument, a nested net or debug info, which renaming would miss).  It then
+updates the model as ``ModelHelper.AddGradientOperators`` does.  It returns False, having
+changed nothing, whenever any of that does not hold (the caller then runs the full pass).
 """
 
 from __future__ import annotations

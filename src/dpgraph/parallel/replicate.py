@@ -1,6 +1,7 @@
-"""Replication: the input and forward builders per device (the first two devices run them,
-the rest are cloned when the second device's build is the first's renamed; see
-:mod:`dpgraph.parallel.clone`), then the loss gradients."""
+"""Replication: the input and forward builders per device (with :data:`CLONE_BUILDERS`, the
+first two devices run them and the rest are cloned when the second device's build is the
+first's renamed; see :mod:`dpgraph.parallel.clone`), then the loss gradients and the
+backward pass (cloned from the first device's; see :mod:`dpgraph.parallel.clone_gradients`)."""
 
 from __future__ import annotations
 
