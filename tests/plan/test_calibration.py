@@ -45,6 +45,10 @@ def test_fit_keeps_the_small_sizes() -> None:
     noisy = exact[:-1] + [exact[-1] * 1.8]
     bent = fit(sizes, noisy, steps=2, volume=1)
     assert bent.alpha > 0.5e-4 and bent.beta > 1e-9
+    slow_small = [exact[0] * 10] + exact[1:]  # one latency-bound size hit by noise
+    steady = fit(sizes, slow_small, steps=2, volume=1)
+    assert steady.alpha == pytest.approx(1e-4, rel=0.05)
+    assert steady.beta == pytest.approx(1e-9, rel=0.05)
     flat = fit(sizes, [1e-3] * len(sizes), steps=2, volume=1)  # no slower when larger
     assert flat.beta == pytest.approx(1e-3 / 4e6) and flat.alpha > 0
 

@@ -7,8 +7,7 @@ bucket sizes from it.  It measures what a training step sees: collectives issued
 back without a barrier (so a rank's time includes waiting for a later peer, as after a
 backward pass), the *median* of the repeats (not the best: a step pays the typical cost),
 over sizes from 4 KiB to 4 MiB (the latency-bound small buckets and the gradient and bucket
-sizes of a step); the smallest size sets ``alpha`` and the larger ones ``beta``
-(:func:`fit`).  It also measures the contention term: the CPU
+sizes of a step); the small sizes set ``alpha`` and the larger ones ``beta`` (:func:`fit`).  It also measures the contention term: the CPU
 time the transport's threads burn while an all-reduce runs beside a stretch of compute (a
 small and a bucket-sized one), of which :func:`contention_share` comes out of the compute
 (all of it when the ranks of a host compute on every core, as on loopback).  :func:`calibrate` starts ``processes`` local ranks over Gloo on
@@ -19,8 +18,8 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import threading
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -54,20 +53,27 @@ def _typical_time(fn: Any, repeats: int) -> float:
     return float(np.median(times))
 
 
+SMALL_BYTES = 256 << 10
+
+
 def fit(sizes: Sequence[float], times: Sequence[float], steps: float,
         volume: float) -> AlphaBeta:
     """``t = steps * alpha + volume * n * beta`` (both kept >= 0) in two stages, so that
-    neither term drowns the other: ``alpha`` from the smallest size (latency-bound), then
-    ``beta`` by least squares of what the larger sizes take beyond that latency (the
-    bucket-sized transfers set it)."""
-    order = np.argsort(np.asarray(sizes, dtype=np.float64))
-    n = np.asarray(sizes, dtype=np.float64)[order]
-    t = np.asarray(times, dtype=np.float64)[order]
-    extra, more = t[1:] - t[0], volume * (n[1:] - n[0])  # beyond the smallest size
-    beta = max(float(np.dot(more, extra) / np.dot(more, more)), 0.0) if len(n) > 1 else 0.0
+    neither term drowns the other: an anchor, the median size and time of the latency-bound
+    sizes (<= 256 KiB; the smallest size when there are none), then ``beta`` by least
+    squares of what the other sizes take beyond the anchor, and ``alpha`` from the anchor."""
+    n = np.asarray(sizes, dtype=np.float64)
+    t = np.asarray(times, dtype=np.float64)
+    small = n <= SMALL_BYTES
+    if not small.any():
+        small = n == n.min()
+    anchor_n, anchor_t = float(np.median(n[small])), float(np.median(t[small]))
+    extra, more = t - anchor_t, volume * (n - anchor_n)
+    beta = (max(float(np.dot(more, extra) / np.dot(more, more)), 0.0)
+            if np.dot(more, more) > 0 else 0.0)
     if beta == 0.0:  # the large sizes were no slower (noise): their mean time per byte
-        beta = float(t[-1]) / (volume * n[-1])
-    alpha = max(float(t[0]) - volume * n[0] * beta, 0.0) / steps
+        beta = float(t[n.argmax()]) / (volume * float(n.max()))
+    alpha = max(anchor_t - volume * anchor_n * beta, 0.0) / steps
     return AlphaBeta(alpha, beta)
 
 
