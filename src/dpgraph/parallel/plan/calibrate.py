@@ -59,15 +59,17 @@ SMALL_BYTES = 256 << 10
 def fit(sizes: Sequence[float], times: Sequence[float], steps: float,
         volume: float) -> AlphaBeta:
     """``t = steps * alpha + volume * n * beta`` (both kept >= 0) in two stages, so that
-    neither term drowns the other: an anchor, the median size and time of the latency-bound
-    sizes (<= 256 KiB; the smallest size when there are none), then ``beta`` by least
+    neither term drowns the other: an anchor, the latency-bound size (<= 256 KiB; the smallest
+    when there are none) of median time, then ``beta`` by least
     squares of what the other sizes take beyond the anchor, and ``alpha`` from the anchor."""
     n = np.asarray(sizes, dtype=np.float64)
     t = np.asarray(times, dtype=np.float64)
     small = n <= SMALL_BYTES
     if not small.any():
         small = n == n.min()
-    anchor_n, anchor_t = float(np.median(n[small])), float(np.median(t[small]))
+    candidates = np.flatnonzero(small)
+    middle = candidates[np.argsort(t[candidates])[(len(candidates) - 1) // 2]]
+    anchor_n, anchor_t = float(n[middle]), float(t[middle])  # the median time, its size
     extra, more = t - anchor_t, volume * (n - anchor_n)
     beta = (max(float(np.dot(more, extra) / np.dot(more, more)), 0.0)
             if np.dot(more, more) > 0 else 0.0)
