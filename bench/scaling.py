@@ -9,10 +9,15 @@ backward, synchronisation, SGD update; each iteration starts on the model's barr
 compute time at that process count.  Reported: the median per-process step time, its ratio
 to one process (target for 2 processes with buckets: <= 1.15) and to ``independent``, and
 the planner's prediction for the same runs (cost model calibrated by a short probe at the
-start; compute time = the measured ``independent`` step; the gradient timeline from the
-graph's FLOP counts) with its relative error (target: within 25% for 2 and 3 processes).
+start, also given to the runs so their ``"auto"`` buckets come from it; compute time = the
+measured ``independent`` step; the gradient timeline from the graph's FLOP counts) with its
+relative error (target: within 25% for 2 and 3 processes).
 
-Usage: ``python bench/scaling.py [--iters 8] [--batch 32] [--processes 1,2,3]``.
+Every configuration is measured ``--rounds`` times, the configurations interleaved (one
+round runs each once), and the median round counts: on a shared machine a load swing then
+hits every configuration alike instead of one.  The model and batch are unchanged.
+
+Usage: ``python bench/scaling.py [--iters 8] [--batch 32] [--processes 1,2,3] [--rounds 3]``.
 """
 
 from __future__ import annotations
@@ -121,6 +126,7 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=8)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--processes", default="1,2,3")
+    parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     from dpgraph.parallel.plan import predict
     from dpgraph.parallel.plan.calibrate import calibrate
@@ -139,16 +145,24 @@ def main() -> None:
                            "gradients": len(profile.grads),
                            "gradient_mb": profile.grad_bytes / 2**20,
                            "cost_model": cost.to_json(), "runs": []}
-    one = measure(1, None, args.batch, args.iters)
+    configs = [(1, None)] + [(size, mode) for size in counts if size > 1
+                             for mode in (INDEPENDENT, *MODES.values())]
+    rounds: dict[tuple[int, Any], list[float]] = {c: [] for c in configs}
+    for _ in range(args.rounds):  # interleaved: a load swing hits every configuration
+        for size, bucket_mb in configs:
+            rounds[(size, bucket_mb)].append(measure(size, bucket_mb, args.batch, args.iters))
+    step_of = {c: statistics.median(v) for c, v in rounds.items()}
+    one = step_of[(1, None)]
     out["one_process_step_s"] = one
+    out["rounds"] = args.rounds
     for size in [c for c in counts if c > 1]:
         # the same processes training without communicating: the compute time at this
         # process count (on a machine with fewer free cores than processes, they contend)
-        alone = measure(size, INDEPENDENT, args.batch, args.iters)
+        alone = step_of[(size, INDEPENDENT)]
         out["runs"].append({"processes": size, "sync": INDEPENDENT, "step_s": alone,
                             "vs_one_process": alone / one})
         for mode, bucket_mb in MODES.items():
-            step = measure(size, bucket_mb, args.batch, args.iters)
+            step = step_of[(size, bucket_mb)]
             size_bytes = (None if bucket_mb is None else
                           sqrt_rule_bytes(profile.grad_bytes, cost, "gloo", size, 1))
             guess = predict(profile, cost, size, size_bytes, compute_s=alone,
@@ -160,6 +174,7 @@ def main() -> None:
                 "collectives": guess.collectives, "predicted_step_s": predicted,
                 "predicted_contention_s": guess.contention_s,
                 "prediction_error": abs(predicted - step) / step,
+                "round_steps_s": rounds[(size, bucket_mb)],
                 "best_predicted_bucket_mb": best_bucket_bytes(profile, cost, size,
                                                               compute_s=alone) / 2**20})
     two = [r for r in out["runs"] if r["processes"] == 2 and r["sync"] == "bucketed"]
