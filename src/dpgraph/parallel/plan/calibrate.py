@@ -111,9 +111,9 @@ def probe_contention(world: Any, sizes: Sequence[int] = CONTENTION_BYTES,
                      repeats: int = PROBE_REPEATS,
                      compute: Callable[[], None] | None = None) -> list[float]:
     """Per size: the CPU time the transport burns (every thread of this process but the
-    computing one) while one all-reduce of that size runs beside ``compute`` (default:
-    ~15 ms of matrix products), as a gradient's all-reduce overlaps the backward pass;
-    median over ``repeats``.  CPU time, unlike the compute's slowdown, hardly depends on
+    computing one, less what they burn during ``compute`` alone) while one all-reduce of
+    that size runs beside ``compute`` (default: ~15 ms of matrix products), as a gradient's
+    all-reduce overlaps the backward pass; medians over ``repeats``.  CPU time, unlike the compute's slowdown, hardly depends on
     what else the machine runs.
 
     Every rank must call this at the same point (it issues collectives on ``world``)."""
@@ -121,15 +121,18 @@ def probe_contention(world: Any, sizes: Sequence[int] = CONTENTION_BYTES,
     burnt = []
     for nbytes in sizes:
         buffer = np.ones(max(nbytes // 4, 1), dtype=np.float32)
-        others = []
+        beside, baseline = [], []
         for _ in range(repeats):
+            process, own = time.process_time(), time.thread_time()
+            compute()  # what the process's other threads burn anyway
+            baseline.append((time.process_time() - process) - (time.thread_time() - own))
             thread = threading.Thread(target=world.allreduce, args=([buffer],), daemon=True)
             process, own = time.process_time(), time.thread_time()
             thread.start()
             compute()
             thread.join()
-            others.append((time.process_time() - process) - (time.thread_time() - own))
-        burnt.append(max(float(np.median(others)), 0.0))
+            beside.append((time.process_time() - process) - (time.thread_time() - own))
+        burnt.append(max(float(np.median(beside) - np.median(baseline)), 0.0))
     return burnt
 
 
