@@ -11,6 +11,7 @@ from __future__ import annotations
 import queue
 import sys
 import threading
+import time
 import weakref
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -51,34 +52,63 @@ def decode_pool(threads: int) -> ThreadPoolExecutor:
 
 #: How long closing an op waits for its prefetch before telling a queue wait to give up.
 CLOSE_WAIT_SECONDS = 1.0
+#: Read ahead in the caller's thread when the caller spends less than this share of a
+#: batch's read time between two calls: a background thread could overlap only that much,
+#: and handing batches between threads costs more.
+INLINE_GAP_SHARE = 0.25
+#: Weight of the newest sample in the running averages of gap and read time.
+_SMOOTHING = 0.25
 
 
 class Prefetcher:
-    """Produces the next batch on the op's own thread while the net runs (Caffe2's
-    PrefetchOperator: the reader stays one batch ahead of what the op delivered)."""
+    """Keeps the next batch read ahead, as Caffe2's PrefetchOperator: the reader stays one
+    batch ahead of what the op delivered, and the delivered sequence is the synchronous one.
 
-    def __init__(self) -> None:
+    The batch after the one delivered is read on the op's own thread while the net runs, so
+    reading overlaps the net's work.  When the caller comes back almost at once (a loop that
+    only reads), there is nothing to overlap, and the next batch is read in the caller's
+    thread right after delivering this one.  ``may_block`` (a reader waiting on a blobs
+    queue) always uses the thread, so a delivered batch never waits for the next one."""
+
+    def __init__(self, may_block: bool = False) -> None:
+        self.may_block = may_block
         self._requests: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._results: queue.SimpleQueue[tuple[bool, Any]] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._in_flight = False
+        self._ready: list[tuple[bool, Any]] = []  # a batch read ahead in the caller's thread
+        self._returned = 0.0  # when the last call returned
+        self._gap: float | None = None  # the caller's time between calls (running average)
+        self._cost: float | None = None  # the time to read a batch (running average)
         self._lock = threading.Lock()
 
     def next(self, produce: Callable[[Any], Any], draw: Callable[[], Any]) -> Any:
-        """The next batch (prefetched by the previous call, else produced now from a fresh
-        ``draw()`` token); then start producing the following one from another ``draw()``.
+        """The next batch (read ahead by the previous call, else produced now from a fresh
+        ``draw()`` token); then start reading the following one from another ``draw()``.
         Tokens are drawn in batch order, so the batches match synchronous reading.  A failed
-        prefetch raises here, and the call after it reads synchronously again."""
+        read ahead raises here, and the call after it reads synchronously again."""
         with self._lock:
-            result = self._collect() if self._in_flight else produce(draw())
-            self._start(produce, draw())
+            if self._returned:
+                self._gap = _average(self._gap, time.perf_counter() - self._returned)
+            if self._ready:
+                result = _unwrap(self._ready.pop())
+            elif self._in_flight:
+                result = self._collect()
+            else:
+                result = self._timed(produce, draw())[1]
+            if self._read_here():
+                self._ready.append(self._timed_outcome(produce, draw()))
+            else:
+                self._start(produce, draw())
+            self._returned = time.perf_counter()
             return result
 
     def close(self) -> None:
-        """The op is destroyed: the batch in flight is dropped once read (its records are
+        """The op is destroyed: the batch read ahead is dropped once read (its records are
         consumed, as in Caffe2; one still blocked on a blobs queue after
         ``CLOSE_WAIT_SECONDS`` gives up) and the thread ends."""
         with self._lock:
+            self._ready.clear()
             if self._in_flight:
                 self._in_flight = False
                 self._drain()
@@ -88,13 +118,27 @@ class Prefetcher:
                 self._thread = None
                 _LIVE.discard(self)
 
-    # --- the thread ------------------------------------------------------------------------
+    # --- reading ---------------------------------------------------------------------------
+    def _read_here(self) -> bool:
+        return (not self.may_block and self._gap is not None and self._cost is not None
+                and self._gap < INLINE_GAP_SHARE * self._cost)
+
+    def _timed(self, produce: Callable[[Any], Any], token: Any) -> tuple[bool, Any]:
+        start = time.perf_counter()
+        try:
+            return True, produce(token)
+        finally:
+            self._cost = _average(self._cost, time.perf_counter() - start)
+
+    def _timed_outcome(self, produce: Callable[[Any], Any], token: Any) -> tuple[bool, Any]:
+        try:
+            return self._timed(produce, token)
+        except BaseException as error:  # noqa: BLE001  (raised when it is delivered)
+            return False, error
+
     def _collect(self) -> Any:
         self._in_flight = False
-        ok, value = self._results.get()
-        if not ok:
-            raise value
-        return value
+        return _unwrap(self._results.get())
 
     def _start(self, produce: Callable[[Any], Any], token: Any) -> None:
         if self._thread is None:
@@ -106,11 +150,7 @@ class Prefetcher:
 
     def _serve(self) -> None:
         while (request := self._requests.get()) is not None:
-            produce, token = request
-            try:
-                self._results.put((True, produce(token)))
-            except BaseException as error:  # noqa: BLE001  (raised in the consumer)
-                self._results.put((False, error))
+            self._results.put(self._timed_outcome(*request))
 
     def _drain(self) -> None:
         try:
@@ -126,6 +166,17 @@ class Prefetcher:
         if self._thread is not None:
             cancel_blocking_waits([self._thread.ident])
             self._requests.put(None)
+
+
+def _average(current: float | None, sample: float) -> float:
+    return sample if current is None else current + _SMOOTHING * (sample - current)
+
+
+def _unwrap(outcome: tuple[bool, Any]) -> Any:
+    ok, value = outcome
+    if not ok:
+        raise value
+    return value
 
 
 #: Prefetchers whose thread runs (each holds itself through its thread until closed).

@@ -140,6 +140,8 @@ class DB(ABC):
     """One open database.  ``close()`` (or freeing it) closes it."""
 
     type_name = "db"
+    #: Whether reading may wait for records that are not there yet (a queue behind it).
+    blocking = False
 
     def __init__(self, source: str, mode: Mode) -> None:
         self.source = os.fspath(source)

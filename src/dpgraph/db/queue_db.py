@@ -68,6 +68,7 @@ class BlobsQueueCursor(Cursor):
 
 class BlobsQueueDB(DB):
     type_name = "blobs_queue_db"
+    blocking = True
 
     def __init__(self, queue: Any, key_index: int = -1, value_index: int = 0,
                  timeout_secs: float = 0.0, name: str = "") -> None:

@@ -84,11 +84,12 @@ def db_exists_op(ctx: OpContext) -> Outputs:
                      dtype=np.bool_),)
 
 
-def prefetcher(ctx: OpContext) -> Prefetcher:
-    """This op instance's prefetcher (closed with the instance, dropping its batch)."""
+def prefetcher(ctx: OpContext, reader: DBReader) -> Prefetcher:
+    """This op instance's prefetcher of ``reader`` (closed with the instance, dropping its
+    batch)."""
     state = ctx.state()
     if "prefetcher" not in state:
-        state["prefetcher"] = storage(ctx).prefetcher()
+        state["prefetcher"] = storage(ctx).prefetcher(may_block=reader.db.blocking)
     return state["prefetcher"]
 
 
@@ -103,8 +104,8 @@ def tensor_protos_db_input(ctx: OpContext) -> Outputs:
     if ctx.int_arg("no_prefetch", 0):
         outputs = _read_tensor_protos(reader, batch_size)
     else:
-        outputs = prefetcher(ctx).next(lambda size: _read_tensor_protos(reader, size),
-                                       lambda: batch_size)
+        outputs = prefetcher(ctx, reader).next(
+            lambda size: _read_tensor_protos(reader, size), lambda: batch_size)
     if len(outputs) != ctx.num_outputs:
         raise ShapeError(ctx.describe(
             f"the records of {reader.db.where()} hold {len(outputs)} TensorProtos each, the "

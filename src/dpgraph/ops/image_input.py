@@ -385,7 +385,7 @@ def image_input(ctx: OpContext) -> Outputs:
     if ctx.int_arg("no_prefetch", 0):
         outputs = _produce(reader, cfg, _batch_seed(ctx))
     else:
-        outputs = prefetcher(ctx).next(
+        outputs = prefetcher(ctx, reader).next(
             lambda seed: _produce(reader, cfg, seed), lambda: _batch_seed(ctx))
     return tuple(on_device(ctx, out) for out in outputs)
 
