@@ -15,9 +15,9 @@ the least disturbed by other load on the machine; ``median_*`` give the medians)
 * ``tensor_protos_db_input``: records/s of ``TensorProtosDBInput`` (lmdb_create_example's
   records: FLOAT [3, 64, 32] + INT32 label, batch 32) against a raw ``lmdb`` cursor +
   ``TensorProtos.ParseFromString`` loop.  Target: ``ratio`` >= 0.8.  The op prefetches by
-  default (its own thread reads the next batch while the net runs); here the net does
-  nothing else, so that only adds the hand-over between threads: ``*_no_prefetch`` is the
-  op reading in the caller's thread, as the raw loop does.
+  default (one batch ahead; here, where the net does nothing else, the op reads it in the
+  caller's thread, having nothing to overlap it with); ``*_no_prefetch`` is the op with
+  ``no_prefetch=1``, reading each batch when it is due, as the raw loop does.
 
 Every side gets a warm-up first, and the batch the op prefetches past the timed ones is
 finished before the next measurement starts, so it does not slow that one down.
