@@ -9,7 +9,8 @@ backward, synchronisation, SGD update; each iteration starts on the model's barr
 compute time at that process count.  Reported: the median per-process step time, its ratio
 to one process (target for 2 processes with buckets: <= 1.15) and to ``independent``, and
 the planner's prediction for the same runs (cost model calibrated by a short probe at the
-start, also given to the runs so their ``"auto"`` buckets come from it; compute time = the
+start on as many local ranks as the runs use, also given to the runs so their ``"auto"``
+buckets come from it; compute time = the
 measured ``independent`` step; the gradient timeline from the graph's FLOP counts) with its
 relative error (target: within 25% for 2 and 3 processes).
 
@@ -133,23 +134,29 @@ def main() -> None:
     from dpgraph.parallel.plan.planner import best_bucket_bytes, sqrt_rule_bytes
 
     counts = [int(p) for p in args.processes.split(",")]
-    cost = calibrate(2)
-    # the runs' "auto" buckets come from the same calibration the predictions use
-    model_file = tempfile.NamedTemporaryFile("w", suffix=".json", prefix="dpgraph-cost-",
+    # one calibration per process count, on as many local ranks as the runs use (as a job
+    # calibrates on its own world); the runs' "auto" buckets come from the same file
+    costs, files = {}, {}
+    for size in [c for c in counts if c > 1]:
+        costs[size] = calibrate(size)
+        handle = tempfile.NamedTemporaryFile("w", suffix=".json", prefix="dpgraph-cost-",
                                              delete=False)
-    model_file.close()
-    cost.save(model_file.name)
-    os.environ["DPGRAPH_COST_MODEL"] = model_file.name
+        handle.close()
+        costs[size].save(handle.name)
+        files[size] = handle.name
     profile = _profile(args.batch)
     out: dict[str, Any] = {"model": profile.name, "batch_per_process": args.batch,
                            "gradients": len(profile.grads),
                            "gradient_mb": profile.grad_bytes / 2**20,
-                           "cost_model": cost.to_json(), "runs": []}
+                           "cost_models": {str(k): v.to_json() for k, v in costs.items()},
+                           "runs": []}
     configs = [(1, None)] + [(size, mode) for size in counts if size > 1
                              for mode in (INDEPENDENT, *MODES.values())]
     rounds: dict[tuple[int, Any], list[float]] = {c: [] for c in configs}
     for _ in range(args.rounds):  # interleaved: a load swing hits every configuration
         for size, bucket_mb in configs:
+            if size in files:
+                os.environ["DPGRAPH_COST_MODEL"] = files[size]
             rounds[(size, bucket_mb)].append(measure(size, bucket_mb, args.batch, args.iters))
     step_of = {c: statistics.median(v) for c, v in rounds.items()}
     one = step_of[(1, None)]
@@ -158,7 +165,7 @@ def main() -> None:
     for size in [c for c in counts if c > 1]:
         # the same processes training without communicating: the compute time at this
         # process count (on a machine with fewer free cores than processes, they contend)
-        alone = step_of[(size, INDEPENDENT)]
+        alone, cost = step_of[(size, INDEPENDENT)], costs[size]
         out["runs"].append({"processes": size, "sync": INDEPENDENT, "step_s": alone,
                             "vs_one_process": alone / one})
         for mode, bucket_mb in MODES.items():
@@ -182,7 +189,8 @@ def main() -> None:
     out["target_predictions_within_25pct"] = all(r["prediction_error"] <= 0.25
                                                  for r in out["runs"] if "prediction_error" in r)
     out["load_average"] = os.getloadavg()
-    os.unlink(model_file.name)
+    for name in files.values():
+        os.unlink(name)
     json.dump(out, sys.stdout, indent=2)
     print()
 

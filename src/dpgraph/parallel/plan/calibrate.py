@@ -7,11 +7,12 @@ bucket sizes from it.  It measures what a training step sees: collectives issued
 back without a barrier (so a rank's time includes waiting for a later peer, as after a
 backward pass), the *median* of the repeats (not the best: a step pays the typical cost),
 over sizes from 4 KiB to 4 MiB (the latency-bound small buckets and the gradient and bucket
-sizes of a step); the small sizes set ``alpha`` and the larger ones ``beta`` (:func:`fit`).  It also measures the contention term: the CPU
-time the transport's threads burn while an all-reduce runs beside a stretch of compute (a
-small and a bucket-sized one), of which :func:`contention_share` comes out of the compute
-(all of it when the ranks of a host compute on every core, as on loopback).  :func:`calibrate` starts ``processes`` local ranks over Gloo on
-loopback and returns a :class:`CostModel` (``dpgraph plan --calibrate PATH`` saves it).
+sizes of a step); the small sizes set ``alpha`` and the larger ones ``beta`` (:func:`fit`).
+It also measures the contention term: the CPU time the transport's threads burn while an
+all-reduce runs beside a stretch of compute (a small and a bucket-sized one), of which
+:func:`contention_share` comes out of the compute (all of it when the ranks of a host compute
+on every core, as on loopback).  :func:`calibrate` starts ``processes`` local ranks over Gloo
+on loopback and returns a :class:`CostModel` (``dpgraph plan --calibrate PATH`` saves it).
 """
 
 from __future__ import annotations
@@ -113,8 +114,8 @@ def probe_contention(world: Any, sizes: Sequence[int] = CONTENTION_BYTES,
     """Per size: the CPU time the transport burns (every thread of this process but the
     computing one, less what they burn during ``compute`` alone) while one all-reduce of
     that size runs beside ``compute`` (default: ~15 ms of matrix products), as a gradient's
-    all-reduce overlaps the backward pass; medians over ``repeats``.  CPU time, unlike the compute's slowdown, hardly depends on
-    what else the machine runs.
+    all-reduce overlaps the backward pass; medians over ``repeats``.  CPU time, unlike the
+    compute's slowdown, hardly depends on what else the machine runs.
 
     Every rank must call this at the same point (it issues collectives on ``world``)."""
     compute = compute or _matmul_chunk()
