@@ -7,8 +7,8 @@ the least disturbed by other load on the machine; ``median_*`` give the medians)
   mode: scale 256, random 224 crops, mirror, mean/std, batch 32) with ``decode_threads`` 1
   and 2, against a plain Pillow decode + resize + crop loop in one thread over the same
   JPEG bytes.  Targets: ``ratio_1_thread`` >= 0.9 and ``ratio_2_threads`` >= 1.6 (on 2 free
-  cores).  The op also writes float32 (``(v - mean) / std``, 600 KB per image), which the
-  loop does not.  For context on a shared machine: ``cpu_ratio_1_thread`` compares images
+  cores).  The op decodes with OpenCV (as Caffe2 does) and also writes float32
+  (``(v - mean) / std``, 600 KB per image), which the loop does not.  For context on a shared machine: ``cpu_ratio_1_thread`` compares images
   per CPU-second of the process (what each side costs, whatever the other load), and
   ``pillow_loop_2_threads_images_per_s`` / ``pillow_2_thread_scaling`` show what two plain
   Pillow threads reach on this machine in the same run.
@@ -22,7 +22,7 @@ the least disturbed by other load on the machine; ``median_*`` give the medians)
 Every side gets a warm-up first, and the batch the op prefetches past the timed ones is
 finished before the next measurement starts, so it does not slow that one down.
 
-Run: ``python bench/input.py [--images 384] [--rounds 5]``.
+Run: ``python bench/input.py [--images 768] [--rounds 5]``.
 """
 
 from __future__ import annotations
@@ -199,7 +199,7 @@ def db_input_rate(db: str, records: int, passes: int, no_prefetch: int = 0) -> f
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--images", type=int, default=384)
+    parser.add_argument("--images", type=int, default=768)  # 24 batches a round
     parser.add_argument("--records", type=int, default=2048)
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args(argv)

@@ -1,14 +1,15 @@
-"""ImageInput against an independent numpy/Pillow reference, its randomness, label types,
-record formats, the GPU-transform path and brew.image_input."""
+"""ImageInput against an independent numpy reference (resizes by OpenCV's INTER_AREA, the call
+Caffe2 makes), its randomness, label types, record formats, the GPU-transform path and
+brew.image_input."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import cv2
 import numpy as np
 import pytest
 from _records import image_record, jpeg_bytes, write_lmdb
-from PIL import Image
 
 from dpgraph import brew, core, model_helper, workspace
 from dpgraph.proto import caffe2_pb2
@@ -33,20 +34,32 @@ def _image_input(outputs: list[str], **kwargs: object) -> None:
 
 
 def _reference(rgb: np.ndarray, scale: int, crop: int) -> np.ndarray:
-    """Pillow resize (area when shrinking) of the shorter side, centre crop, BGR, mean/std."""
-    image = Image.fromarray(rgb)
+    """INTER_AREA resize of the shorter side to ``scale``, centre crop, BGR, mean/std."""
+    bgr = np.ascontiguousarray(rgb[:, :, ::-1])
     rows, cols = rgb.shape[:2]
     if rows > cols:
         size = (scale, int(rows * scale / cols))
     else:
         size = (int(cols * scale / rows), scale)
     if size != (cols, rows):
-        enlarge = size[0] > cols or size[1] > rows
-        image = image.resize(size, Image.BILINEAR if enlarge else Image.BOX)
-    pixels = np.asarray(image).astype(np.float32)
+        bgr = cv2.resize(bgr, size, interpolation=cv2.INTER_AREA)
+    pixels = bgr.astype(np.float32)
     y, x = (pixels.shape[0] - crop) // 2, (pixels.shape[1] - crop) // 2
-    bgr = pixels[y:y + crop, x:x + crop, ::-1]
-    return (bgr - np.array(MEAN, np.float32)) / np.array(STD, np.float32)
+    window = pixels[y:y + crop, x:x + crop]
+    return (window - np.array(MEAN, np.float32)) / np.array(STD, np.float32)
+
+
+def _area_average(pixels: np.ndarray, height: int, width: int) -> np.ndarray:
+    """Shrinking by true area averaging: each output pixel is the mean of the source over its
+    footprint, fractional pixels weighted by their covered area."""
+    def weights(source: int, target: int) -> np.ndarray:
+        step = source / target
+        edges = np.arange(source + 1, dtype=np.float64)
+        low, high = np.arange(target)[:, None] * step, np.arange(1, target + 1)[:, None] * step
+        return np.clip(np.minimum(edges[1:], high) - np.maximum(edges[:-1], low), 0, None)
+    rows, cols = weights(pixels.shape[0], height), weights(pixels.shape[1], width)
+    total = np.einsum("ij,kl,jlc->ikc", rows, cols, pixels.astype(np.float64))
+    return total / (rows.sum(1)[:, None, None] * cols.sum(1)[None, :, None])
 
 
 @pytest.mark.parametrize("scale", [36, 30, 44])
@@ -63,6 +76,18 @@ def test_test_mode_matches_reference(tmp_path: Path, scale: int) -> None:
     np.testing.assert_array_equal(label, [0, 1, 2, 3])
     for got, rgb in zip(data, images):
         np.testing.assert_allclose(got, _reference(rgb, scale, 28), atol=1e-5)
+
+
+def test_shrinking_is_area_averaging_not_pillow_box(tmp_path: Path) -> None:
+    """Caffe2 shrinks with cv::resize INTER_AREA: a true area average (Pillow's BOX filter
+    only averages the pixels whose centres fall in the footprint, and differs by up to 150
+    levels on noise at fractional factors)."""
+    rgb = _images(1)[0][:40, :52]  # 40 rows: scale 30 shrinks by 4/3
+    write_lmdb(tmp_path / "db", [image_record(jpeg_bytes(rgb, "PNG"), 0)])
+    _reader(tmp_path / "db")
+    _image_input(["d", "l"], batch_size=1, scale=30, crop=30, is_test=1)
+    expected = _area_average(rgb[:, :, ::-1], 30, 39)[:, 4:34]
+    np.testing.assert_allclose(workspace.FetchBlob("d")[0], expected, atol=1.0)
 
 
 def test_no_resize_is_exact_pixels(tmp_path: Path) -> None:
@@ -315,8 +340,9 @@ def test_gray_output_and_per_channel_means(tmp_path: Path) -> None:
     write_lmdb(tmp_path / "db", [image_record(jpeg_bytes(rgb, "PNG"), 0)])
     _reader(tmp_path / "db")
     _image_input(["d", "l"], batch_size=1, scale=24, crop=24, is_test=1, color=0, mean=5.0)
-    gray = np.asarray(Image.fromarray(rgb).convert("L")).astype(np.float32)
-    np.testing.assert_allclose(workspace.FetchBlob("d")[0, :, :, 0], gray - 5.0, atol=1e-5)
+    gray = cv2.cvtColor(np.ascontiguousarray(rgb[:, :, ::-1]), cv2.COLOR_BGR2GRAY)
+    np.testing.assert_allclose(workspace.FetchBlob("d")[0, :, :, 0],
+                               gray.astype(np.float32) - 5.0, atol=1.0)
     _image_input(["d", "l"], batch_size=1, scale=24, crop=20, is_test=1,
                  mean_per_channel=[1.0, 2.0, 3.0], std_per_channel=[2.0, 4.0, 8.0])
     bgr = rgb[2:22, 2:22, ::-1].astype(np.float32)
@@ -330,8 +356,8 @@ def test_resize_modes_jitter_and_lighting(tmp_path: Path) -> None:
     write_lmdb(tmp_path / "db", [image_record(jpeg_bytes(rgb, "PNG"), 0)])
     _reader(tmp_path / "db")
     _image_input(["d", "l"], batch_size=1, scale=16, crop=16, is_test=1, warp=1)
-    warped = np.asarray(Image.fromarray(rgb).resize((16, 16), Image.Resampling.BOX))
-    np.testing.assert_allclose(workspace.FetchBlob("d")[0], warped[:, :, ::-1], atol=1e-5)
+    warped = _area_average(rgb[:, :, ::-1], 16, 16)
+    np.testing.assert_allclose(workspace.FetchBlob("d")[0], warped, atol=1.0)
     _image_input(["d", "l"], batch_size=1, minsize=24, crop=24, is_test=1)  # upscales
     assert workspace.FetchBlob("d").shape == (1, 24, 24, 3)
     _image_input(["d", "l"], batch_size=1, minsize=20, crop=20, is_test=1)  # no resize

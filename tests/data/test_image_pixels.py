@@ -1,13 +1,13 @@
 """The per-image pixel steps of ImageInput's pipeline (dpgraph.data.image) against plain
-numpy: window packing, mirroring for every row width, and the mean/std normalisation."""
+numpy: decoding, crop windows and mirroring, and the mean/std normalisation."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from PIL import Image
 
 from dpgraph.data import image
+from dpgraph.data.records import ImageRecord
 
 
 def _rgb(rows: int, cols: int) -> np.ndarray:
@@ -15,24 +15,45 @@ def _rgb(rows: int, cols: int) -> np.ndarray:
                                                              dtype=np.uint8)
 
 
-@pytest.mark.parametrize("crop", [1, 5, 6, 7, 8, 12, 16])  # row bytes: odd, 2, 4, 8 | 3*crop
-@pytest.mark.parametrize("mirror", [False, True])
-def test_bgr_crop_matches_numpy_window(crop: int, mirror: bool) -> None:
-    rgb = _rgb(19, 23)
-    x, y = 23 - crop - 1, 2
-    got = image.bgr_crop(Image.fromarray(rgb), x, y, crop, mirror)
-    window = rgb[y:y + crop, x:x + crop, ::-1]
-    np.testing.assert_array_equal(got, window[:, ::-1] if mirror else window)
-    assert got.dtype == np.uint8 and got.flags.c_contiguous
+class _Fixed:
+    """Draws that answer the same uniform value every time."""
+
+    def __init__(self, value: float) -> None:
+        self.value = value
+
+    def random(self) -> float:
+        return self.value
+
+    def integers(self, low: int, high: int) -> int:
+        return min(low + int(self.value * (high - low)), high - 1)
 
 
-@pytest.mark.parametrize("mirror", [False, True])
-def test_bgr_crop_gray(mirror: bool) -> None:
-    gray = _rgb(11, 13)[:, :, 0]
-    got = image.bgr_crop(Image.fromarray(gray), 3, 1, 9, mirror)
-    window = gray[1:10, 3:12]
-    np.testing.assert_array_equal(got[:, :, 0], window[:, ::-1] if mirror else window)
-    assert got.shape == (9, 9, 1)
+@pytest.mark.parametrize("crop", [1, 5, 7, 16])
+@pytest.mark.parametrize("draw", [0.0, 0.3, 0.99])  # offsets and mirror (< 0.5) follow it
+@pytest.mark.parametrize("channels", [1, 3])
+def test_crop_window_and_mirror_match_numpy(crop: int, draw: float, channels: int) -> None:
+    pixels = _rgb(19, 23)[:, :, :channels]
+    params = image.ImageParams(crop=crop, scale=19, mirror=True, channels=channels)
+    got = image.crop_pixels(pixels, params, _Fixed(draw))  # type: ignore[arg-type]
+    x, y = _Fixed(draw).integers(0, 23 - crop + 1), _Fixed(draw).integers(0, 19 - crop + 1)
+    window = pixels[y:y + crop, x:x + crop]
+    np.testing.assert_array_equal(got, window[:, ::-1] if draw < 0.5 else window)
+    assert got.dtype == np.uint8 and got.shape == (crop, crop, channels)
+
+
+def test_decode_gives_bgr_or_gray_and_converts_raw_pixels() -> None:
+    from _records import jpeg_bytes
+
+    rgb = _rgb(9, 11)
+    bgr = image.decode(ImageRecord(encoded=jpeg_bytes(rgb, "PNG")), 3)
+    np.testing.assert_array_equal(bgr, rgb[:, :, ::-1])
+    gray = image.decode(ImageRecord(encoded=jpeg_bytes(rgb, "PNG")), 1)
+    assert gray.shape == (9, 11, 1)
+    raw = image.decode(ImageRecord(pixels=np.ascontiguousarray(rgb[:, :, ::-1])), 1)
+    np.testing.assert_allclose(raw[:, :, 0], rgb @ np.array([0.299, 0.587, 0.114]), atol=1)
+    np.testing.assert_allclose(raw, gray, atol=1)  # imdecode and cvtColor round apart
+    with pytest.raises(ValueError, match="could not decode"):
+        image.decode(ImageRecord(encoded=b"not an image"), 3)
 
 
 @pytest.mark.parametrize("mean,std", [((0.0,) * 3, (1.0,) * 3), ((128.0,) * 3, (64.0,) * 3),
@@ -54,7 +75,7 @@ def test_normalize_is_exact_per_channel(mean: tuple[float, ...], std: tuple[floa
 def test_normalize_in_row_blocks_matches_one_pass() -> None:
     params = image.ImageParams(crop=300, scale=300, mean=(104.0, 117.0, 123.0),
                                std=(57.0, 58.0, 59.0))
-    pixels = np.random.default_rng(2).integers(0, 256, (301, 300, 3), dtype=np.uint8)
+    pixels = np.random.default_rng(2).integers(0, 256, (601, 300, 3), dtype=np.uint8)
     expected = ((pixels.astype(np.float32) - np.array(params.mean, np.float32))
                 * (np.float32(1) / np.array(params.std, np.float32)))
     assert expected.nbytes > 3 * image._BLOCK_BYTES  # several blocks, the last one shorter

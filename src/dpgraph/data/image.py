@@ -4,28 +4,29 @@
 2. crop to the bounding box (ignored when it does not fit);
 3. inception-style random-sized crop (``scale_jitter_type=1``, training only);
 4. resize so the shorter side is ``scale`` (or up to ``minsize`` / a ``random_scale`` draw;
-   ``warp`` resizes to a square) with area averaging (bilinear when enlarging);
+   ``warp`` resizes to a square) with area interpolation;
 5. crop ``crop`` x ``crop``: centred in test mode, at a random offset in training;
 6. mirror (p=0.5, training only), then float32;
 7. colour jitter (saturation, brightness, contrast in a random order), 8. PCA lighting;
 9. ``(v - mean[c]) / std[c]`` per BGR channel.
 
-Pillow decodes and resizes (it releases the GIL, so decode threads run in parallel).
+OpenCV decodes, converts and resizes with the calls and flags Caffe2 makes (``imdecode``
+with ``IMREAD_COLOR`` or ``IMREAD_GRAYSCALE``, ``cvtColor``, ``resize`` with ``INTER_AREA``),
+so the pixels are Caffe2's; it releases the GIL, so decode threads run in parallel.  Crops
+are numpy views, copied once, into the float32 batch row.
 """
 
 from __future__ import annotations
 
 import functools
-import io
 import math
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
-from PIL import Image
 
 from dpgraph.data.records import ImageRecord
-from dpgraph.errors import DataInputError
+from dpgraph.errors import DataInputError, MissingDependencyError
 
 #: PCA lighting: eigenvectors (rows R, G, B) and eigenvalues of ImageNet pixel covariance.
 EIGVEC = np.array([[-144.7125, 183.396, 102.2295], [-148.104, -1.1475, -207.57],
@@ -74,39 +75,54 @@ class ImageParams:
     gpu_transform: bool = False
 
 
-def decode(record: ImageRecord, channels: int) -> Image.Image:
-    """The record's image as a Pillow image in RGB (3 channels) or L (1 channel)."""
-    image: Image.Image
+@functools.cache
+def opencv() -> Any:
+    """The ``cv2`` module (imported at the first image: it takes ~0.1 s)."""
+    try:
+        import cv2
+    except ImportError as error:
+        raise MissingDependencyError(
+            f"ImageInput decodes and resizes images with OpenCV, which is not importable "
+            f"({error}); install it with: pip install opencv-python-headless") from None
+    return cv2
+
+
+def decode(record: ImageRecord, channels: int) -> np.ndarray:
+    """The record's image as HWC uint8, BGR (3 channels) or gray (1 channel).  An encoded
+    image that OpenCV cannot decode raises ``ValueError``."""
+    cv2 = opencv()
     if record.encoded is not None:
-        image = Image.open(io.BytesIO(record.encoded))
-        image.load()
+        flag = cv2.IMREAD_COLOR if channels == 3 else cv2.IMREAD_GRAYSCALE
+        pixels = cv2.imdecode(np.frombuffer(record.encoded, dtype=np.uint8), flag)
+        if pixels is None or pixels.size == 0:
+            raise ValueError("OpenCV could not decode the encoded image")
     else:
         assert record.pixels is not None
         pixels = record.pixels
-        image = Image.fromarray(pixels[:, :, 0] if pixels.shape[2] == 1
-                                else np.ascontiguousarray(pixels[:, :, ::-1]))
-    wanted = "RGB" if channels == 3 else "L"
-    return image if image.mode == wanted else image.convert(wanted)
+        if pixels.shape[2] != channels:
+            pixels = cv2.cvtColor(pixels, cv2.COLOR_BGR2GRAY if channels == 1
+                                  else cv2.COLOR_GRAY2BGR)
+    return pixels.reshape(pixels.shape[0], pixels.shape[1], channels)
 
 
-def _bbox(image: Image.Image, box: tuple[int, int, int, int] | None) -> Image.Image:
+def _bbox(pixels: np.ndarray, box: tuple[int, int, int, int] | None) -> np.ndarray:
     if box is None or min(box) < 0:
-        return image
+        return pixels
     ymin, xmin, height, width = box
-    if image.height < ymin + height or image.width < xmin + width:
-        return image
-    return image.crop((xmin, ymin, xmin + width, ymin + height))
+    if pixels.shape[0] < ymin + height or pixels.shape[1] < xmin + width:
+        return pixels
+    return pixels[ymin:ymin + height, xmin:xmin + width]
 
 
-def _resize(image: Image.Image, width: int, height: int) -> Image.Image:
-    enlarge = width > image.width or height > image.height
-    return image.resize((width, height), Image.Resampling.BILINEAR if enlarge
-                        else Image.Resampling.BOX)
+def resize(pixels: np.ndarray, width: int, height: int) -> np.ndarray:
+    """``pixels`` resized to ``width`` x ``height`` with OpenCV's area interpolation (true
+    area averaging when shrinking), keeping the channel axis."""
+    out = opencv().resize(pixels, (width, height), interpolation=opencv().INTER_AREA)
+    return out.reshape(height, width, pixels.shape[2])
 
 
-def _inception_crop(image: Image.Image, crop: int, rng: Draws
-                    ) -> Image.Image | None:
-    height, width = image.height, image.width
+def _inception_crop(pixels: np.ndarray, crop: int, rng: Draws) -> np.ndarray | None:
+    height, width = pixels.shape[:2]
     area = height * width
     for _ in range(10):
         target = math.ceil(rng.uniform(0.08, 1.0) * area)
@@ -115,18 +131,17 @@ def _inception_crop(image: Image.Image, crop: int, rng: Draws
         if 1 <= new_h <= height and 1 <= new_w <= width:
             y = int(rng.integers(0, height - new_h + 1))
             x = int(rng.integers(0, width - new_w + 1))
-            return _resize(image.crop((x, y, x + new_w, y + new_h)), crop, crop)
+            return resize(pixels[y:y + new_h, x:x + new_w], crop, crop)
     return None
 
 
-def _rescale(image: Image.Image, params: ImageParams, rng: Draws
-             ) -> Image.Image:
+def _rescale(pixels: np.ndarray, params: ImageParams, rng: Draws) -> np.ndarray:
     low, high = params.random_scale
     if low > 0:
         side = int(rng.integers(low, high + 1))
     else:
         side = params.scale if params.scale > 0 else params.minsize
-    rows, cols = image.height, image.width
+    rows, cols = pixels.shape[:2]
     if params.warp:
         height = width = side
     elif rows > cols:
@@ -135,22 +150,19 @@ def _rescale(image: Image.Image, params: ImageParams, rng: Draws
         height, width = side, int(cols * side / rows)
     changed = (height, width) != (rows, cols)
     if (params.scale > 0 and changed) or height > rows or width > cols:
-        return _resize(image, width, height)
-    return image
+        return resize(pixels, width, height)
+    return pixels
 
 
-def crop_pixels(image: Image.Image, params: ImageParams, rng: Draws
-                ) -> np.ndarray:
-    """Steps 1-6: the ``crop`` x ``crop`` x C uint8 pixels (BGR), mirrored if drawn."""
-    image = _bbox(image, params.bbox)
+def crop_pixels(pixels: np.ndarray, params: ImageParams, rng: Draws) -> np.ndarray:
+    """Steps 2-6 on decoded HWC uint8 pixels: the ``crop`` x ``crop`` x C window (a view of
+    the resized image, or a mirrored copy)."""
+    pixels = _bbox(pixels, params.bbox)
     cropped = None
     if params.scale_jitter_type == 1 and not params.is_test:
-        cropped = _inception_crop(image, params.crop, rng)
-    if cropped is None:
-        image = _rescale(image, params, rng)
-    else:
-        image = cropped
-    rows, cols, crop = image.height, image.width, params.crop
+        cropped = _inception_crop(pixels, params.crop, rng)
+    pixels = _rescale(pixels, params, rng) if cropped is None else cropped
+    (rows, cols), crop = pixels.shape[:2], params.crop
     if rows < crop or cols < crop:
         raise DataInputError(f"Image height must be bigger than crop: the image is "
                              f"{rows}x{cols} after resizing, crop is {crop}.")
@@ -159,61 +171,15 @@ def crop_pixels(image: Image.Image, params: ImageParams, rng: Draws
     else:
         x = int(rng.integers(0, cols - crop + 1))
         y = int(rng.integers(0, rows - crop + 1))
-    mirror = params.mirror and (params.gpu_transform or not params.is_test) \
-        and rng.random() < 0.5
-    return bgr_crop(image, x, y, crop, mirror)
+    window = pixels[y:y + crop, x:x + crop]
+    if params.mirror and (params.gpu_transform or not params.is_test) and rng.random() < 0.5:
+        return mirror(window)
+    return window
 
 
-def bgr_crop(image: Image.Image, x: int, y: int, crop: int, mirror: bool) -> np.ndarray:
-    """The ``crop`` x ``crop`` window at ``(x, y)`` as contiguous HWC uint8 BGR (or gray),
-    mirrored if asked: Pillow packs just that window, in one pass and without a cropped
-    copy of the image; a mirror then reverses each row's bytes (see :func:`_reverse_rows`)."""
-    box = (x, y, x + crop, y + crop)
-    if image.mode == "L":
-        channels, rawmode = 1, "L"
-    else:  # a row of RGB bytes read backwards is the mirrored row in BGR
-        channels, rawmode = 3, "RGB" if mirror else "BGR"
-    data = _pack(image, box, rawmode)
-    pixels = _reverse_rows(data, crop) if mirror else np.frombuffer(data, dtype=np.uint8)
-    return pixels.reshape(crop, crop, channels)
-
-
-def _pack(image: Image.Image, box: tuple[int, int, int, int], rawmode: str) -> bytes:
-    """The pixels of ``image`` inside ``box`` as ``rawmode`` bytes: Pillow's raw encoder
-    (what ``Image.tobytes`` runs) pointed at the box, with one buffer for the whole result."""
-    encoder = Image._getencoder(image.mode, "raw", rawmode)
-    try:
-        encoder.setimage(image.im, box)
-        size = (box[2] - box[0]) * (box[3] - box[1]) * len(rawmode)
-        chunks = []
-        status = 0
-        while status == 0:
-            _, status, chunk = encoder.encode(size + 1)
-            chunks.append(chunk)
-    finally:
-        encoder.cleanup()
-    if status < 0:
-        raise DataInputError(f"Pillow could not pack the image pixels (status {status}).")
-    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
-
-
-def _reverse_rows(data: bytes, rows: int) -> np.ndarray:
-    """``data`` (``rows`` equal rows of bytes) with each row's bytes in reverse order, as
-    a contiguous uint8 array.  numpy reverses single bytes slowly, so the rows are reversed
-    as 8-, 4- or 2-byte words (the widest that divides a row), read in the opposite byte
-    order: one copy that also reverses the bytes inside each word."""
-    row_bytes = len(data) // rows
-    word = next(w for w in (8, 4, 2, 1) if row_bytes % w == 0)
-    native, swapped = _WORDS[word]
-    words = np.frombuffer(data, dtype=swapped).reshape(rows, row_bytes // word)
-    out = np.empty(words.shape, dtype=native)
-    np.copyto(out, words[:, ::-1])
-    return out.view(np.uint8)
-
-
-#: Unsigned word dtypes by size: (native byte order, swapped byte order).
-_WORDS = {size: (np.dtype(f"=u{size}"), np.dtype(f"=u{size}").newbyteorder("S"))
-          for size in (8, 4, 2, 1)}
+def mirror(pixels: np.ndarray) -> np.ndarray:
+    """HWC pixels with the columns reversed, as a contiguous copy (OpenCV's flip)."""
+    return opencv().flip(pixels, 1).reshape(pixels.shape)
 
 
 def _gray(values: np.ndarray) -> np.ndarray:
@@ -241,8 +207,9 @@ def _lighting(values: np.ndarray, params: ImageParams, rng: Draws
 
 
 #: Rows of float32 output normalised together: the cast and the two in-place passes over a
-#: block of about this size stay in a core's L2 cache.
-_BLOCK_BYTES = 320 * 1024
+#: block of about this size stay in a core's L2 cache (a 224 x 224 BGR crop is one block:
+#: fewer, longer numpy calls also let two decode threads hand the GIL over less often).
+_BLOCK_BYTES = 640 * 1024
 #: Per-channel constants are tiled over up to this many rows, so numpy's inner loops run
 #: over several rows at a time (one call per 224-pixel row costs ~40% of the pass).
 _GROUP = 8
@@ -305,11 +272,12 @@ def augment(record: ImageRecord, params: ImageParams, rng: Draws
     """Steps 1-8: the crop (a uint8 view, or float32 after colour jitter / lighting) and
     whether decoding failed (the image is then a 224x224 zero image, as in Caffe2)."""
     try:
-        image, failed = decode(record, params.channels), False
+        decoded, failed = decode(record, params.channels), False
+    except MissingDependencyError:
+        raise
     except Exception:  # noqa: BLE001  (any decoder failure counts as a decode error)
-        zeros = error_image(params.channels)
-        image, failed = Image.fromarray(zeros[:, :, 0] if params.channels == 1 else zeros), True
-    pixels = crop_pixels(image, params, rng)
+        decoded, failed = error_image(params.channels), True
+    pixels = crop_pixels(decoded, params, rng)
     if (params.color_jitter or params.color_lighting) and not params.is_test \
             and params.channels == 3 and not params.gpu_transform:
         values = pixels.astype(np.float32)
