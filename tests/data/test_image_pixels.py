@@ -83,31 +83,25 @@ def test_normalize_in_row_blocks_matches_one_pass() -> None:
     np.testing.assert_array_equal(image.normalize(pixels.astype(np.float32), params), expected)
 
 
-def test_row_draws_follow_the_seed_and_spill_over() -> None:
-    from dpgraph.ops.image_input import _draws_per_image, _row_draws
+def test_row_draws_follow_the_seed_and_row() -> None:
+    from dpgraph.ops.image_input import _RowDraws
 
-    params = image.ImageParams(crop=8, scale=8, mirror=True, color_jitter=True,
-                               color_lighting=True)
-    uniforms = _draws_per_image(params)[0]
-    assert _draws_per_image(params) == (8, 3)
-    assert _draws_per_image(image.ImageParams(crop=8, scale=8, is_test=True,
-                                              color_jitter=True)) == (3, 0)
-    first, again, other = (_row_draws(3, 2, params), _row_draws(3, 2, params),
-                           _row_draws(4, 2, params))
+    def stream(seed: int, row: int) -> list[float]:
+        draws = _RowDraws(seed, row)
+        return [draws.random() for _ in range(50)]
 
-    def take(draws: object) -> list[float]:
-        values = [draws.random() for _ in range(uniforms + 5)]  # past the pre-drawn block
-        return values + [draws.integers(2, 5), *draws.permutation(4)] + \
-            list(draws.normal(1.0, 2.0, size=5))  # past the 3 pre-drawn normals
-
-    rows = [take(d) for d in first]
-    assert rows == [take(d) for d in again]
-    assert rows != [take(d) for d in other] and rows[0] != rows[1]
-    assert all(0.0 <= v < 1.0 for v in rows[0][:uniforms + 5])
-    draws = _row_draws(5, 1, params)[0]
-    assert all(2 <= draws.integers(2, 5) < 5 for _ in range(200))
+    assert stream(3, 0) == stream(3, 0)
+    others = [stream(3, 1), stream(4, 0), stream(2**63 - 2, 0), stream(2**63 - 1, 0)]
+    assert all(not set(stream(3, 0)) & set(other) for other in others)  # no shared values
+    values = np.array([x for row in range(40) for x in stream(7, row)])
+    assert ((0.0 <= values) & (values < 1.0)).all()
+    assert abs(values.mean() - 0.5) < 0.02 and abs(values.var() - 1 / 12) < 0.01
+    draws = _RowDraws(5, 0)
+    assert {draws.integers(2, 5) for _ in range(200)} == {2, 3, 4}
     assert sorted(draws.permutation(6)) == list(range(6))
-    assert 0.0 <= draws.uniform(0.25, 0.5) < 0.5
+    assert 0.25 <= draws.uniform(0.25, 0.5) < 0.5
+    normals = draws.normal(1.0, 2.0, size=4000)
+    assert abs(normals.mean() - 1.0) < 0.1 and abs(normals.std() - 2.0) < 0.1
 
 
 def test_gpu_transform_per_channel_float_is_exact(tmp_path) -> None:

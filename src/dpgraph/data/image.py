@@ -37,7 +37,7 @@ ERROR_SIDE = 224
 
 class Draws(Protocol):
     """The random draws the pipeline makes (a ``numpy.random.Generator`` has them; the op
-    hands in a cheaper pre-drawn stream per image)."""
+    hands in a cheaper counter-based stream per image)."""
 
     def random(self) -> float: ...
 

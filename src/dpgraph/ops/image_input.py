@@ -13,6 +13,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import dataclasses
+import math
 import queue
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -145,40 +146,35 @@ def _parse(value: bytes, cfg: _Config, where: str) -> ImageRecord:
                                             where)
 
 
-def _draws_per_image(params: Any) -> tuple[int, int]:
-    """(uniforms, normals) one image can draw with these ImageInput arguments: the crop
-    offsets and the mirror, a random scale, up to ten inception-crop tries (two draws each,
-    two more for the offsets), the jitter order and factors, the lighting."""
-    training = not params.is_test
-    uniforms = 3 + (params.random_scale[0] > 0) + 22 * (params.scale_jitter_type == 1
-                                                        and training)
-    uniforms += 5 * (params.color_jitter and training)
-    return uniforms, 3 * (params.color_lighting and training)
+#: SplitMix64's constants: the stream increment and the two finaliser multipliers.
+_GAMMA, _MIX1, _MIX2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
+#: Spreads rows of one batch seed far apart in the generator's state space.
+_ROW_STRIDE = 0xD1B54A32D192ED03
+_MASK = (1 << 64) - 1
+
+
+def _mix(state: int) -> int:
+    """SplitMix64's finaliser: a 64-bit state to 64 well-mixed bits."""
+    state = ((state ^ (state >> 30)) * _MIX1) & _MASK
+    state = ((state ^ (state >> 27)) * _MIX2) & _MASK
+    return state ^ (state >> 31)
 
 
 class _RowDraws:
     """One image's random numbers, with the ``numpy.random.Generator`` methods the pipeline
-    calls: a block drawn for the whole batch from one Generator seeded by the batch seed
-    (a Generator per image costs more than the crop), handed out in order.  A row that
-    runs out (it drew more than :func:`_draws_per_image` allows for) continues from a
-    Generator seeded by (batch seed, row).  So the draws follow the seed and do not depend
-    on which decode thread takes the row."""
+    calls: a counter-based SplitMix64 stream that starts from (batch seed, row).  The draws
+    therefore follow the seed and do not depend on which decode thread takes the row, and a
+    row costs no set-up (a Generator per image costs more than its crop)."""
 
-    __slots__ = ("_uniforms", "_normals", "_seed", "_row", "_spill")
+    __slots__ = ("_state",)
 
-    def __init__(self, uniforms: list[float], normals: list[float], seed: int, row: int
-                 ) -> None:
-        self._uniforms, self._normals = uniforms[::-1], normals[::-1]  # pop() from the end
-        self._seed, self._row = seed, row
-        self._spill: np.random.Generator | None = None
-
-    def _more(self) -> np.random.Generator:
-        if self._spill is None:
-            self._spill = np.random.default_rng([self._seed, self._row])
-        return self._spill
+    def __init__(self, seed: int, row: int) -> None:
+        self._state = (_mix(seed & _MASK) + (row + 1) * _ROW_STRIDE) & _MASK
 
     def random(self) -> float:
-        return self._uniforms.pop() if self._uniforms else float(self._more().random())
+        """Uniform in ``[0, 1)`` with 53 random bits."""
+        self._state = (self._state + _GAMMA) & _MASK
+        return (_mix(self._state) >> 11) * 2.0 ** -53
 
     def uniform(self, low: float, high: float) -> float:
         return low + (high - low) * self.random()
@@ -195,18 +191,10 @@ class _RowDraws:
         return order
 
     def normal(self, loc: float, scale: float, size: int) -> np.ndarray:
-        values = [self._normals.pop() if self._normals else float(self._more().normal())
-                  for _ in range(size)]
+        """Box-Muller normals."""
+        values = [math.sqrt(-2.0 * math.log(1.0 - self.random()))
+                  * math.cos(2.0 * math.pi * self.random()) for _ in range(size)]
         return loc + scale * np.array(values)
-
-
-def _row_draws(seed: int, rows: int, params: Any) -> list[_RowDraws]:
-    """Each row's pre-drawn block, sized for what these arguments can draw."""
-    counts = _draws_per_image(params)
-    generator = np.random.default_rng(seed)
-    uniforms = generator.random((rows, counts[0])).tolist()
-    normals = generator.standard_normal((rows, counts[1])).tolist()
-    return [_RowDraws(uniforms[row], normals[row], seed, row) for row in range(rows)]
 
 
 def _one_image(value: bytes, cfg: _Config, draws: _RowDraws, where: str,
@@ -231,7 +219,7 @@ _Done = list[tuple[int, "ImageRecord", bool]]
 
 
 def _rows(rows: queue.SimpleQueue[int], values: list[bytes], keys: list[bytes],
-          cfg: _Config, draws: list[_RowDraws], where: str, data: np.ndarray) -> _Done:
+          cfg: _Config, seed: int, where: str, data: np.ndarray) -> _Done:
     """One decode thread's work: the next unclaimed row of the batch until none is left
     (threads that run slower, on a busy machine, simply take fewer rows).  A failure
     empties the queue so the other threads stop after their current image."""
@@ -243,7 +231,7 @@ def _rows(rows: queue.SimpleQueue[int], values: list[bytes], keys: list[bytes],
             except queue.Empty:
                 return done
             done.append((row, *_one_image(
-                values[row], cfg, draws[row],
+                values[row], cfg, _RowDraws(seed, row),
                 f"{where}, key {keys[row]!r} (record {row} of the batch)", data[row])))
     except BaseException:
         with contextlib.suppress(queue.Empty):
@@ -260,13 +248,12 @@ def _decode_batch(values: list[bytes], keys: list[bytes], cfg: _Config, seed: in
     rows: queue.SimpleQueue[int] = queue.SimpleQueue()
     for row in range(cfg.batch_size):
         rows.put(row)
-    draws = _row_draws(seed, cfg.batch_size, cfg.params)
     threads = max(1, min(cfg.threads, cfg.batch_size))
     pool = cfg.services.decode_pool(threads) if threads > 1 else None
-    futures = [pool.submit(_rows, rows, values, keys, cfg, draws, where, data)
+    futures = [pool.submit(_rows, rows, values, keys, cfg, seed, where, data)
                for _ in range(threads - 1)] if pool is not None else []
     try:
-        done = _rows(rows, values, keys, cfg, draws, where, data)
+        done = _rows(rows, values, keys, cfg, seed, where, data)
     finally:
         concurrent.futures.wait(futures)
     for future in futures:
