@@ -59,3 +59,42 @@ def test_bad_record_on_one_thread_fails_the_batch(tmp_path: Path) -> None:
         _batches(tmp_path / "db", 3, 1, no_prefetch=1)
     _db(tmp_path / "good", 6)
     assert _batches(tmp_path / "good", 3, 2)[1].shape == (6, 16, 16, 3)
+
+
+def test_a_read_failing_mid_batch_stops_the_decode_threads(tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch
+                                                           ) -> None:
+    """Decode threads start on the first records while the rest are read; a read that
+    fails later in the batch raises in the op, and no decode thread is left waiting."""
+    import sys
+    import threading
+
+    from dpgraph.db.reader import DBReader
+    from dpgraph.errors import DBError
+
+    _db(tmp_path / "db", 9)
+    calls = {"count": 0}
+    read_batch = DBReader.read_batch
+
+    def failing_second_read(self: DBReader, count: int) -> tuple[list[bytes], list[bytes]]:
+        calls["count"] += 1
+        if calls["count"] == 2:
+            raise DBError("the disk went away")
+        return read_batch(self, count)
+
+    monkeypatch.setattr(DBReader, "read_batch", failing_second_read)
+    with pytest.raises(DBError, match="the disk went away"):
+        _batches(tmp_path / "db", 3, 1, no_prefetch=1)
+    frames = sys._current_frames()
+    decoders = [t.ident for t in threading.enumerate() if t.name.startswith("dpgraph-decode")]
+    assert decoders and not any(_waits_for_rows(frames.get(ident)) for ident in decoders)
+    monkeypatch.setattr(DBReader, "read_batch", read_batch)
+    assert _batches(tmp_path / "db", 3, 2)[1].shape == (6, 16, 16, 3)
+
+
+def _waits_for_rows(frame: object) -> bool:
+    while frame is not None:
+        if frame.f_code.co_name == "take":  # type: ignore[attr-defined]
+            return True
+        frame = frame.f_back  # type: ignore[attr-defined]
+    return False

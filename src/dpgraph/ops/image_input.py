@@ -11,10 +11,9 @@ crops and mirrors follow that seed; otherwise they follow the op's own random st
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import dataclasses
 import math
-import queue
+import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -216,44 +215,79 @@ def _one_image(value: bytes, cfg: _Config, draws: _RowDraws, where: str,
 
 
 _Done = list[tuple[int, "ImageRecord", bool]]
+#: Records read per reader call while a batch's decode threads already work on the first ones.
+_READ_CHUNK = 4
 
 
-def _rows(rows: queue.SimpleQueue[int], values: list[bytes], keys: list[bytes],
-          cfg: _Config, seed: int, where: str, data: np.ndarray) -> _Done:
+class _RowFeed:
+    """A batch's records, handed to its decode threads as the caller reads them (Caffe2's
+    prefetch loop also queues each record's decode as soon as it has read it).  ``take``
+    waits for the next unclaimed row; it answers ``None`` once every row is claimed, or
+    as soon as any thread failed."""
+
+    def __init__(self) -> None:
+        self._records: list[tuple[bytes, bytes]] = []
+        self._claimed = 0
+        self._complete = self._failed = False
+        self._changed = threading.Condition()
+
+    def add(self, keys: list[bytes], values: list[bytes]) -> None:
+        with self._changed:
+            self._records.extend(zip(keys, values))
+            self._changed.notify_all()
+
+    def finish(self, failed: bool = False) -> None:
+        """No more records come (``failed``: and no more rows are to be taken)."""
+        with self._changed:
+            self._complete, self._failed = True, self._failed or failed
+            self._changed.notify_all()
+
+    def take(self) -> tuple[int, bytes, bytes] | None:
+        with self._changed:
+            while not (self._failed or self._complete or self._claimed < len(self._records)):
+                self._changed.wait()
+            if self._failed or self._claimed == len(self._records):
+                return None
+            row, self._claimed = self._claimed, self._claimed + 1
+            return (row, *self._records[row])
+
+
+def _rows(feed: _RowFeed, cfg: _Config, seed: int, where: str, data: np.ndarray) -> _Done:
     """One decode thread's work: the next unclaimed row of the batch until none is left
-    (threads that run slower, on a busy machine, simply take fewer rows).  A failure
-    empties the queue so the other threads stop after their current image."""
+    (threads that run slower, on a busy machine, simply take fewer rows).  A failure stops
+    the other threads after their current image."""
     done: _Done = []
     try:
-        while True:
-            try:
-                row = rows.get_nowait()
-            except queue.Empty:
-                return done
-            done.append((row, *_one_image(
-                values[row], cfg, _RowDraws(seed, row),
-                f"{where}, key {keys[row]!r} (record {row} of the batch)", data[row])))
+        while (item := feed.take()) is not None:
+            row, key, value = item
+            done.append((row, *_one_image(value, cfg, _RowDraws(seed, row),
+                                          f"{where}, key {key!r} (record {row} of the batch)",
+                                          data[row])))
+        return done
     except BaseException:
-        with contextlib.suppress(queue.Empty):
-            while True:
-                rows.get_nowait()
+        feed.finish(failed=True)
         raise
 
 
-def _decode_batch(values: list[bytes], keys: list[bytes], cfg: _Config, seed: int,
-                  where: str, data: np.ndarray) -> _Done:
-    """Every row of the batch on ``decode_threads`` threads: the calling (prefetch) thread
-    and ``decode_threads - 1`` pool threads, so a batch costs no hand-off with one thread
-    and one per extra thread otherwise.  Returns once no thread is writing into ``data``."""
-    rows: queue.SimpleQueue[int] = queue.SimpleQueue()
-    for row in range(cfg.batch_size):
-        rows.put(row)
+def _decode_batch(reader: DBReader, cfg: _Config, seed: int, where: str,
+                  data: np.ndarray) -> _Done:
+    """Read the batch's records and decode every row on ``decode_threads`` threads: the
+    calling (prefetch) thread, once it has read the batch, and ``decode_threads - 1`` pool
+    threads from the first records on.  Returns once no thread is writing into ``data``."""
+    feed = _RowFeed()
     threads = max(1, min(cfg.threads, cfg.batch_size))
     pool = cfg.services.decode_pool(threads) if threads > 1 else None
-    futures = [pool.submit(_rows, rows, values, keys, cfg, seed, where, data)
+    futures = [pool.submit(_rows, feed, cfg, seed, where, data)
                for _ in range(threads - 1)] if pool is not None else []
     try:
-        done = _rows(rows, values, keys, cfg, seed, where, data)
+        try:
+            for start in range(0, cfg.batch_size, _READ_CHUNK):
+                feed.add(*reader.read_batch(min(_READ_CHUNK, cfg.batch_size - start)))
+        except BaseException:
+            feed.finish(failed=True)
+            raise
+        feed.finish()
+        done = _rows(feed, cfg, seed, where, data)
     finally:
         concurrent.futures.wait(futures)
     for future in futures:
@@ -308,11 +342,10 @@ def _extras(records: list[ImageRecord], cfg: _Config, where: str) -> list[np.nda
 
 def _produce(reader: DBReader, cfg: _Config, batch_seed: int) -> list[np.ndarray]:
     where = f"ImageInput reading {reader.db.where()}"
-    keys, values = reader.read_batch(cfg.batch_size)
     crop, channels = cfg.params.crop, cfg.params.channels
     data = cfg.services.batch_buffer((cfg.batch_size, crop, crop, channels),
                                      np.uint8 if cfg.gpu_transform else np.float32)
-    done = _decode_batch(values, keys, cfg, batch_seed, where, data)
+    done = _decode_batch(reader, cfg, batch_seed, where, data)
     records = [record for _, record, _ in done]
     errors = sum(failed for _, _, failed in done)
     if errors / cfg.batch_size > cfg.max_error_ratio:
