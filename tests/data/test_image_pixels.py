@@ -125,3 +125,18 @@ def test_gpu_transform_per_channel_float_is_exact(tmp_path) -> None:
                 * (np.float32(1) / np.array(std, np.float32))).transpose(2, 0, 1)
     assert data.shape == (2, 3, 20, 20) and data.dtype == np.float32
     np.testing.assert_array_equal(data[1], expected)
+
+
+def test_missing_opencv_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from dpgraph.errors import MissingDependencyError
+
+    monkeypatch.setitem(sys.modules, "cv2", None)  # what an absent package looks like
+    image.opencv.cache_clear()
+    try:
+        with pytest.raises(MissingDependencyError, match="pip install opencv-python-headless"):
+            image.augment(ImageRecord(encoded=b"\xff\xd8"), image.ImageParams(crop=4, scale=4),
+                          np.random.default_rng(0))
+    finally:
+        image.opencv.cache_clear()
