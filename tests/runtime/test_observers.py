@@ -78,3 +78,56 @@ def test_run_counts_include_a_recurrent_networks_step_ops() -> None:
         counts.append(int(counter.debug_info().split()[3]))
     per_step = counts[1] - counts[0]
     assert per_step > 0 and counts[2] - counts[1] == per_step  # the step net's ops, per step
+
+
+
+def _with_python_op(name: str, body: object) -> core.Net:
+    workspace.FeedBlob("x", np.ones(3, np.float32))
+    net = core.Net(name)
+    net.Python(body)([], [])
+    net.Relu("x", "y")
+    workspace.CreateNet(net, overwrite=True)
+    return net
+
+
+def test_observers_added_or_removed_during_a_run_leave_nothing_behind() -> None:
+    action = {"now": lambda: None}
+    net = _with_python_op("mutating", lambda inputs, outputs: action["now"]())
+    first = net.AddObserver("RunCountObserver")
+    action["now"] = lambda: net.AddObserver("RunCountObserver")
+    workspace.RunNet(net)  # one added mid-run: the run succeeds, the new one starts next run
+    assert observing.ACTIVE == [] and net.NumObservers() == 2
+    assert first.debug_info() == "This operator runs 2 times."
+    action["now"] = lambda: net.RemoveObserver(first)
+    workspace.RunNet(net)  # removed mid-run: told of this run's end, then never again
+    assert observing.ACTIVE == [] and net.NumObservers() == 1
+    action["now"] = lambda: None
+    workspace.RunNet(net)
+    _net("unrelated")
+    workspace.RunNet("unrelated")
+    assert first.debug_info() == "This operator runs 4 times."
+
+
+def test_ops_of_other_nets_running_meanwhile_are_not_counted() -> None:
+    import threading
+
+    other = _net("other_thread")  # three ops
+    started, finished = threading.Event(), threading.Event()
+
+    def wait_for_the_other_net(inputs: object, outputs: object) -> None:
+        started.set()
+        assert finished.wait(10)
+
+    net = _with_python_op("waiting", wait_for_the_other_net)
+    counter = net.AddObserver("RunCountObserver")
+
+    def run_other() -> None:
+        started.wait(10)
+        workspace.RunNet(other)
+        finished.set()
+
+    thread = threading.Thread(target=run_other)
+    thread.start()
+    workspace.RunNet(net)
+    thread.join()
+    assert counter.debug_info() == "This operator runs 2 times."

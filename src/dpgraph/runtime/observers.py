@@ -3,9 +3,9 @@
 * ``TimeObserver``: ``average_time()``, the mean wall time of the net's runs in
   milliseconds, and ``average_time_children()``, the mean over the net's operators of their
   mean run time.
-* ``RunCountObserver``: counts the operators run while the net runs (ops of nets it runs in
-  turn, such as a RecurrentNetwork's step net, included); ``debug_info()`` says
-  ``"This operator runs N times."``.
+* ``RunCountObserver``: counts the net's operator runs and those of the ops they run in turn
+  (a RecurrentNetwork's step net, a control-flow subnet), not those of other nets running at
+  the same time; ``debug_info()`` says ``"This operator runs N times."``.
 
 An observer belongs to one created net instance (``CreateNet`` again makes a new instance
 without observers).  While no observer is attached anywhere, operators run with one empty
@@ -36,7 +36,8 @@ class NetObserver:
         """The observed net finished a run that took ``seconds``."""
 
     def op_finished(self, op: Any, seconds: float) -> None:
-        """An operator finished while the observed net ran (``op`` may be a nested net's)."""
+        """One of the net's operators finished, or an op that one of them ran (a nested
+        net's)."""
 
     def observes(self, op: Any) -> bool:
         return id(op) in self._ops
@@ -99,17 +100,21 @@ def make_observer(observer_type: str, ops: list[Any], net_name: str) -> NetObser
 
 
 def run_observed(observers: list[NetObserver], run: Any) -> None:
-    """``run()`` with ``observers`` active: they hear of every op run, then of the net's."""
-    for observer in observers:
+    """``run()`` with ``observers`` active: they hear of the ops it runs, then of the net's
+    run.  The observers attached when the run starts are the ones told, even if some are
+    added or removed while it runs."""
+    attached = list(observers)
+    for observer in attached:
         observer.net_started()
-    ACTIVE.extend(observers)
+    ACTIVE.extend(attached)
     start = time.perf_counter()
     try:
         run()
     finally:
         seconds = time.perf_counter() - start
-        for observer in observers:
+        for observer in attached:
             ACTIVE.remove(observer)
+        for observer in attached:
             observer.net_finished(seconds)
 
 

@@ -201,7 +201,8 @@ class OpInstance:
         elif OBSERVERS:  # a net with observers runs: they hear of this run
             start = time.perf_counter()
             try:
-                self._run_guarded(blobs, placement)
+                with observing.running(self):
+                    self._run_guarded(blobs, placement)
             finally:
                 observing.report(self, time.perf_counter() - start)
         else:
