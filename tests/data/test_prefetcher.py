@@ -83,3 +83,45 @@ def test_close_drops_the_batch_read_ahead(gap: float) -> None:
     assert len(source.readers) == 7  # batch 6 was read (its records consumed), then dropped
     assert prefetcher.next(source.produce, source.draw) == 7
     prefetcher.close()
+
+
+class _InterruptOnce:
+    """A results queue whose first wait is cut short, as a Ctrl-C in the caller would."""
+
+    def __init__(self, queue: Any) -> None:
+        self.queue, self.interrupted = queue, False
+
+    def put(self, item: Any) -> None:
+        self.queue.put(item)
+
+    def get(self, *args: Any, **kwargs: Any) -> Any:
+        if not self.interrupted:
+            self.interrupted = True
+            raise KeyboardInterrupt
+        return self.queue.get(*args, **kwargs)
+
+
+def test_an_interrupted_wait_keeps_the_batches_in_order() -> None:
+    source, prefetcher = _Source(seconds=0.002), Prefetcher(may_block=True)
+    assert prefetcher.next(source.produce, source.draw) == 0
+    prefetcher._results = _InterruptOnce(prefetcher._results)  # type: ignore[assignment]
+    with pytest.raises(KeyboardInterrupt):
+        prefetcher.next(source.produce, source.draw)
+    assert _deliver(prefetcher, source, 4, 0.0) == [1, 2, 3, 4]
+    prefetcher.close()
+
+
+def test_ctrl_c_during_a_read_ahead_in_the_callers_thread_raises_at_once() -> None:
+    source, prefetcher = _Source(seconds=0.002), Prefetcher()
+    assert _deliver(prefetcher, source, 4, 0.0) == [0, 1, 2, 3]  # now reading ahead inline
+    produce = source.produce
+
+    def interrupted(token: int) -> int:
+        if token == 5:
+            raise KeyboardInterrupt
+        return produce(token)
+
+    with pytest.raises(KeyboardInterrupt):
+        prefetcher.next(interrupted, source.draw)
+    assert prefetcher.next(interrupted, source.draw) == 6  # the cut call's 4 and 5 are gone
+    prefetcher.close()

@@ -97,7 +97,7 @@ class Prefetcher:
             else:
                 result = self._timed(produce, draw())[1]
             if self._read_here():
-                self._ready.append(self._timed_outcome(produce, draw()))
+                self._ready.append(self._timed_outcome(produce, draw(), Exception))
             else:
                 self._start(produce, draw())
             self._returned = time.perf_counter()
@@ -110,8 +110,8 @@ class Prefetcher:
         with self._lock:
             self._ready.clear()
             if self._in_flight:
-                self._in_flight = False
                 self._drain()
+                self._in_flight = False
             if self._thread is not None:
                 self._requests.put(None)
                 self._thread.join()
@@ -130,15 +130,21 @@ class Prefetcher:
         finally:
             self._cost = _average(self._cost, time.perf_counter() - start)
 
-    def _timed_outcome(self, produce: Callable[[Any], Any], token: Any) -> tuple[bool, Any]:
+    def _timed_outcome(self, produce: Callable[[Any], Any], token: Any,
+                       kept: type[BaseException] = BaseException) -> tuple[bool, Any]:
+        """``(True, batch)``, or ``(False, error)`` for an error of type ``kept`` (raised
+        when the batch is delivered; in the caller's thread a Ctrl-C raises at once)."""
         try:
             return self._timed(produce, token)
-        except BaseException as error:  # noqa: BLE001  (raised when it is delivered)
+        except kept as error:
             return False, error
 
     def _collect(self) -> Any:
+        """The batch read ahead on the thread.  The flag drops only once it is taken, so a
+        wait cut short (Ctrl-C) leaves it for the next call, in order."""
+        outcome = self._results.get()
         self._in_flight = False
-        return _unwrap(self._results.get())
+        return _unwrap(outcome)
 
     def _start(self, produce: Callable[[Any], Any], token: Any) -> None:
         if self._thread is None:
@@ -149,8 +155,15 @@ class Prefetcher:
         self._in_flight = True
 
     def _serve(self) -> None:
-        while (request := self._requests.get()) is not None:
-            self._results.put(self._timed_outcome(*request))
+        while self._serve_one(self._requests.get()):
+            pass
+
+    def _serve_one(self, request: Any) -> bool:
+        """Read one requested batch (``None``: stop); nothing of it stays referenced after."""
+        if request is None:
+            return False
+        self._results.put(self._timed_outcome(*request))
+        return True
 
     def _drain(self) -> None:
         try:
