@@ -193,3 +193,32 @@ def test_minidb_uses_the_generic_read_run(tmp_path: Path) -> None:
     assert keys == [b"0", b"1", b"2", b"0"]
     np.testing.assert_array_equal(decode_joined_tensor_protos(joined, lengths)[1], [0, 1, 2, 0])
     reader.close()
+
+
+def _varint(value: int) -> bytes:
+    out = b""
+    while True:
+        byte, value = value & 0x7F, value >> 7
+        out += bytes([byte | (0x80 if value else 0)])
+        if not value:
+            return out
+
+
+def test_corrupt_records_fail_as_the_record_decoder_says() -> None:
+    """The fast path never accepts what protobuf rejects: a packed varint cut short, a
+    negative dim (next to a 0 dim, so the element count still matches)."""
+    payload = bytes([5, 0x85])  # int32_data [5, <a varint cut short>]
+    proto = b"\x08\x01\x10\x02\x22" + _varint(len(payload)) + payload  # dims [1], INT32
+    truncated = b"\x0a" + _varint(len(proto)) + proto
+    negative = _record(DT(data_type=DT.FLOAT, dims=[0, -1], raw_data=b""))
+    for record in (truncated, negative):
+        with pytest.raises(CorruptDataError, match=r"record 0 of the batch"):
+            decode_tensor_protos_batch([record, record])
+
+
+def test_records_of_another_data_type_are_refused_not_cast() -> None:
+    values = [_record(DT(data_type=DT.UINT8, dims=[2], int32_data=[1, 2])),
+              _record(DT(data_type=DT.INT32, dims=[2], int32_data=[70000, 300]))]
+    with pytest.raises(SerializationError, match=r"record 1 of the batch\): proto 0 holds "
+                                                 r"int32, the first record of the batch uint8"):
+        decode_tensor_protos_batch(values)

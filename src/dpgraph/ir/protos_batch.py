@@ -110,6 +110,9 @@ def _payload(data: bytes, start: int, end: int) -> _Payload | None:
     number, begin, finish = holders[0]
     if number != 13 and number not in _element_fields(data_type):
         return None  # the per-record decoder says what is wrong with it
+    if any(dim >= 1 << 63 for dim in dims) or \
+            (number in _VARINT and finish > begin and data[finish - 1] >= 0x80):
+        return None  # a negative dim, a truncated varint: the per-record decoder names it
     wire_dtype: np.dtype = dtype if number in _VARINT else \
         _FIXED.get(number, dtype.newbyteorder("<"))
     count = _varint_count(data, begin, finish) if number in _VARINT else \
@@ -146,8 +149,8 @@ def _decode_varints(block: np.ndarray, dtype: np.dtype) -> np.ndarray | None:
     more = block >= 0x80
     if not more.any():
         return block.astype(dtype)  # one byte per value: the common small labels
-    if not (more == more[0]).all():
-        return None
+    if not (more == more[0]).all() or more[0, -1]:
+        return None  # varints split differently, or a truncated last varint
     ends = np.flatnonzero(~more[0])
     starts = np.concatenate(([0], ends[:-1] + 1))
     values = np.zeros((block.shape[0], len(ends)), np.uint64)
@@ -261,6 +264,11 @@ def _stack_slow(values: Sequence[bytes], where: str,
                     f"{_record_where(where, row, keys)}: proto {i} has dims "
                     f"{list(record[i].shape)}, the first record of the batch "
                     f"{list(sample.shape)}; all records must share per-output dims.")
+            if record[i].dtype != sample.dtype:
+                raise TensorProtoError(
+                    f"{_record_where(where, row, keys)}: proto {i} holds {record[i].dtype}, "
+                    f"the first record of the batch {sample.dtype}; all records must share "
+                    "per-output data types.")
             batch[row] = record[i]
         out.append(batch)
     return out
