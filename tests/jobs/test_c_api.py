@@ -139,3 +139,48 @@ def test_blob_tensor_access_serde_and_net_creation() -> None:
     assert ws.blobs["c_filled"].fetch().tolist() == [1.0, 1.0]
     with pytest.raises(TypeError):
         ws.create_net("...")
+
+
+def test_a_dropped_workspace_object_destroys_its_nets(tmp_path) -> None:
+    """As destroying a Caffe2 workspace destroys its ops: a prefetching input op's thread
+    ends and its reader closes once nothing holds the Workspace (a Net of it does)."""
+    import gc
+    import threading
+    import weakref
+
+    import lmdb
+
+    from dpgraph.proto import caffe2_pb2
+
+    path = str(tmp_path / "db")
+    env = lmdb.open(path, map_size=1 << 24)
+    with env.begin(write=True) as txn:
+        for j in range(8):
+            record = caffe2_pb2.TensorProtos()
+            record.protos.add(data_type=caffe2_pb2.TensorProto.INT32, int32_data=[j])
+            txn.put(str(j).encode(), record.SerializeToString())
+    env.close()
+
+    def prefetching_net(ws: workspace.C.Workspace) -> workspace.C.Net:
+        init = core.Net("init")
+        init.CreateDB([], "reader", db=path, db_type="lmdb")
+        ws.run(init)
+        net = core.Net("read")
+        net.TensorProtosDBInput(["reader"], ["label"], batch_size=2)
+        created = ws.create_net(net)
+        created.run()
+        return created
+
+    def prefetch_threads() -> int:
+        return sum(t.name == "dpgraph-prefetch" for t in threading.enumerate())
+
+    before = prefetch_threads()
+    ws = workspace.C.Workspace()
+    runtime = weakref.ref(ws._ws)
+    net = prefetching_net(ws)
+    del ws
+    gc.collect()
+    assert net.run() and prefetch_threads() == before + 1  # the Net keeps it alive
+    del net
+    gc.collect()
+    assert runtime() is None and prefetch_threads() == before

@@ -38,14 +38,17 @@ _child_ids = itertools.count()
 class WorkspaceArgumentTypeError(WorkspaceError, TypeError):
     """A workspace call got a value it cannot store (a RuntimeError, as Caffe2's C++
     enforce, and a TypeError)."""
-_wrappers: weakref.WeakKeyDictionary[Any, Workspace] = weakref.WeakKeyDictionary()
+#: The live ``Workspace`` wrapper of each runtime workspace (weak both ways: a wrapper nobody
+#: holds goes, and with it what it owns).
+_wrappers: weakref.WeakKeyDictionary[Any, weakref.ref[Workspace]] = weakref.WeakKeyDictionary()
 
 
 class Blob:
-    """A blob of a workspace: ``fetch()``, ``feed(value, device_option=None)``."""
+    """A blob of a workspace: ``fetch()``, ``feed(value, device_option=None)``.  It keeps its
+    ``Workspace`` object alive (``owner``), as Caffe2's binding does."""
 
-    def __init__(self, ws: Any, name: str) -> None:
-        self._ws, self._name = ws, name
+    def __init__(self, ws: Any, name: str, owner: Any = None) -> None:
+        self._ws, self._name, self._owner = ws, name, owner
 
     def fetch(self) -> Any:
         return self._ws.fetch_blob(self._name)
@@ -131,10 +134,11 @@ class TensorCPU:
 
 
 class Net:
-    """A net instantiated in a workspace: ``run()``."""
+    """A net instantiated in a workspace: ``run()``.  It keeps its ``Workspace`` object alive
+    (``owner``), as Caffe2's binding does."""
 
-    def __init__(self, ws: Any, name: str) -> None:
-        self._ws, self._name = ws, name
+    def __init__(self, ws: Any, name: str, owner: Any = None) -> None:
+        self._ws, self._name, self._owner = ws, name, owner
 
     def run(self) -> bool:
         return self._ws.run_net(self._name)
@@ -171,25 +175,30 @@ class Workspace(metaclass=_WorkspaceMeta):
         else:
             raise TypeError(f"Workspace() takes nothing or a parent Workspace, got "
                             f"{type(parent).__name__}")
-        _wrappers[self._ws] = self
+        _wrappers[self._ws] = weakref.ref(self)
+        # Dropping the object destroys its nets, as destroying a Caffe2 workspace does: ops
+        # close (prefetch threads end, DB readers they own close).
+        weakref.finalize(self, self._ws.close_nets)
 
     @staticmethod
     def _wrap(ws: Any) -> Workspace:
-        wrapper = _wrappers.get(ws)
+        """The wrapper of a workspace this module did not create (it owns nothing)."""
+        known = _wrappers.get(ws)
+        wrapper = known() if known is not None else None
         if wrapper is None:
             wrapper = Workspace.__new__(Workspace)
             wrapper._ws = ws
-            _wrappers[ws] = wrapper
+            _wrappers[ws] = weakref.ref(wrapper)
         return wrapper
 
     @property
     def blobs(self) -> dict[str, Blob]:
         """``{name: Blob}`` of this workspace (and, for a child, its parent's)."""
-        return {name: Blob(self._ws, name) for name in sorted(set(self._ws._blobs))}
+        return {name: Blob(self._ws, name, self) for name in sorted(set(self._ws._blobs))}
 
     @property
     def nets(self) -> dict[str, Net]:
-        return {name: Net(self._ws, name) for name in self._ws.nets()}
+        return {name: Net(self._ws, name, self) for name in self._ws.nets()}
 
     @property
     def root_folder(self) -> str:
@@ -197,7 +206,7 @@ class Workspace(metaclass=_WorkspaceMeta):
 
     def create_blob(self, name: Any) -> Blob:
         self._ws.create_blob(str(name))
-        return Blob(self._ws, str(name))
+        return Blob(self._ws, str(name), self)
 
     def has_blob(self, name: Any) -> bool:
         return bool(self._ws.has_blob(str(name)))
@@ -223,7 +232,7 @@ class Workspace(metaclass=_WorkspaceMeta):
         for op in proto.op:  # as Caffe2's operator constructors, create the outputs
             for name in op.output:
                 self._ws.create_blob(name)
-        return Net(self._ws, proto.name)
+        return Net(self._ws, proto.name, self)
 
     def run(self, obj: Any) -> bool:
         """Run a Net/NetDef once, or a Plan/PlanDef/ExecutionStep."""

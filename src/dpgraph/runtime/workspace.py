@@ -449,12 +449,18 @@ class Workspace:
         run_plan(self, plan)
         return True
 
-    def reset(self, root_folder: str | None = None) -> None:
-        """Drop every blob and net (Caffe2's ResetWorkspace)."""
+    def close_nets(self) -> None:
+        """Destroy every net instance: their ops close (prefetch threads end, the readers
+        they own close); the blobs stay."""
         with self._lock:
             for instance in self._nets.values():
                 instance.close()
             self._nets.clear()
+
+    def reset(self, root_folder: str | None = None) -> None:
+        """Drop every blob and net (Caffe2's ResetWorkspace)."""
+        with self._lock:
+            self.close_nets()
             self._blobs.clear()
             self._placement.clear()
         if root_folder is not None:
