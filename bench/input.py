@@ -8,8 +8,9 @@ the least disturbed by other load on the machine; ``median_*`` give the medians)
   and 2, against a plain Pillow decode + resize + crop loop in one thread over the same
   JPEG bytes.  Targets: ``ratio_1_thread`` >= 0.9 and ``ratio_2_threads`` >= 1.6 (on 2 free
   cores).  The op decodes with OpenCV (as Caffe2 does) and also writes float32
-  (``(v - mean) / std``, 600 KB per image), which the loop does not.  For context on a shared machine: ``cpu_ratio_1_thread`` compares images
-  per CPU-second of the process (what each side costs, whatever the other load), and
+  (``(v - mean) / std``, 600 KB per image), which the loop does not.  For context on a
+  shared machine: ``cpu_ratio_1_thread`` compares images per CPU-second of the process
+  (what each side costs, whatever the other load), and
   ``pillow_loop_2_threads_images_per_s`` / ``pillow_2_thread_scaling`` show what two plain
   Pillow threads reach on this machine in the same run.
 * ``tensor_protos_db_input``: records/s of ``TensorProtosDBInput`` (lmdb_create_example's

@@ -173,7 +173,7 @@ def main() -> None:
             size_bytes = (None if bucket_mb is None else
                           sqrt_rule_bytes(profile.grad_bytes, cost, "gloo", size, 1))
             guess = predict(profile, cost, size, size_bytes, compute_s=alone,
-                            join_ready=bucket_mb == "auto")
+                            join_same_op=bucket_mb == "auto")
             predicted = guess.step_s
             out["runs"].append({
                 "processes": size, "sync": mode, "step_s": step, "vs_one_process": step / one,

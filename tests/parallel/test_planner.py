@@ -75,9 +75,15 @@ def test_resnet50_profile() -> None:
     profile = resnet50_profile(batch=1)
     assert profile.grad_bytes == 4 * 25_557_032
     assert 7.5e9 < profile.forward_flops < 8.5e9  # 3.9 GMACs + BN
-    assert profile.grads[0].name == "last_out_b_grad"  # the backward pass starts at the end
+    # the backward pass starts at the end; FCGradient writes w's then b's gradient
+    assert [g.name for g in profile.grads[:2]] == ["last_out_w_grad", "last_out_b_grad"]
     readies = [g.ready_flops for g in profile.grads]
     assert readies == sorted(readies) and readies[-1] == profile.backward_flops
+    by_op: dict[int, set[float]] = {}
+    for g in profile.grads:  # one op's gradients (a batch norm's scale and bias) exist together
+        by_op.setdefault(g.op, set()).add(g.ready_flops)
+    assert len(by_op) == 107 and all(len(ready) == 1 for ready in by_op.values())
+    assert len({g.ready_flops for g in profile.grads}) == len(by_op)
 
 
 def test_profile_from_nets_counts_flops_and_orders_gradients() -> None:

@@ -40,16 +40,17 @@ def test_one_ops_gradients_share_an_auto_bucket() -> None:
 
 def test_planner_mirrors_the_joined_packing() -> None:
     sizes = [g.nbytes for g in _grads()]
-    ready = [float(g.op) for g in _grads()]
+    writers = [g.op for g in _grads()]
     assert bucket_sizes(sizes, 1 << 20) == [(2, 11_304), (3, 2 << 20), (5, 18_560)]
-    assert bucket_sizes(sizes, 1 << 20, ready) == [(1, 10_280), (3, 1024 + (2 << 20)),
-                                                   (5, 18_560)]
-    assert bucket_sizes(sizes, 4 << 20, ready) == [(5, sum(sizes))]
-    grads = tuple(GradTiming(name, 60_000, ready) for name, ready in (
-        ("a_w", 1e8), ("a_b", 1e8), ("b_w", 2e8), ("b_b", 2e8)))
+    assert bucket_sizes(sizes, 1 << 20, writers) == [(1, 10_280), (3, 1024 + (2 << 20)),
+                                                     (5, 18_560)]
+    assert bucket_sizes(sizes, 4 << 20, writers) == [(5, sum(sizes))]
+    assert bucket_sizes(sizes, 1 << 20, [-1] * len(sizes)) == bucket_sizes(sizes, 1 << 20)
+    grads = tuple(GradTiming(name, 60_000, ready, op) for name, ready, op in (
+        ("a_w", 1e8, 1), ("a_b", 1e8, 1), ("b_w", 2e8, 0), ("b_b", 2e8, 0)))
     profile = StepProfile("pairs", 1e9, 2e9, grads)
     model = CostModel({"gloo": AlphaBeta(1e-3, 1e-10, cpu_alpha=1e-3)}, flops_per_sec=1e11)
     split = predict(profile, model, 2, 100_000)  # every gradient alone
-    joined = predict(profile, model, 2, 100_000, join_ready=True)  # one bucket per op
+    joined = predict(profile, model, 2, 100_000, join_same_op=True)  # one bucket per op
     assert (split.collectives, joined.collectives) == (4, 2)
     assert joined.contention_s < split.contention_s  # fewer overlapped collectives

@@ -106,6 +106,35 @@ def test_probe_world_measures_latency_bandwidth_and_contention() -> None:
     assert alone.cpu_alpha == alone.cpu_beta == 0.0  # the ranks' cores are free
 
 
+class _PeerWorld(_FakeWorld):
+    """Two ranks whose hosts differ: the peer's contention share is ``peer_share``."""
+
+    def __init__(self, peer_share: float) -> None:
+        super().__init__(alpha=1e-3, beta=1e-9, cpu=0.5e-3, cpu_per_byte=0.25e-9)
+        self.peer_share = peer_share
+
+    def allreduce(self, buffers: list[np.ndarray]) -> list[np.ndarray]:
+        if buffers[0].dtype == np.float64 and buffers[0].size == 1:  # the shares
+            buffers[0] += self.peer_share
+            return buffers
+        return super().allreduce(buffers)
+
+
+def test_ranks_on_hosts_with_other_core_counts_probe_alike() -> None:
+    """Each rank's share of contention comes from its own host; they agree on one (the
+    mean) before probing, so both run the same collectives and get the same figures."""
+    sizes = (4 << 10, 1 << 20)
+    busy = probe_world(_PeerWorld(peer_share=0.0), sizes, repeats=2, local_ranks=4096,
+                       compute=_compute)  # this host has no free core, the peer's has
+    free = probe_world(_PeerWorld(peer_share=1.0), sizes, repeats=2, local_ranks=0,
+                       compute=_compute)
+    assert busy.cpu_beta > 0 and free.cpu_beta > 0  # both probed the contention
+
+
+def test_a_one_rank_world_costs_nothing() -> None:
+    assert fit([4096, 1 << 20], [1e-4, 2e-3], steps=0, volume=0.0) == AlphaBeta(0.0, 0.0)
+
+
 def _profile() -> StepProfile:
     grads = (GradTiming("late_big", 4 * MB, 1e9), GradTiming("last", 4096, 2e9))
     return StepProfile("two", 1e9, 2e9, grads)

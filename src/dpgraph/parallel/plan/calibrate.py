@@ -63,6 +63,8 @@ def fit(sizes: Sequence[float], times: Sequence[float], steps: float,
     neither term drowns the other: an anchor, the latency-bound size (<= 256 KiB; the smallest
     when there are none) of median time, then ``beta`` by least
     squares of what the other sizes take beyond the anchor, and ``alpha`` from the anchor."""
+    if steps <= 0 or volume <= 0:
+        return AlphaBeta(0.0, 0.0)  # one rank: nothing goes over the wire
     n = np.asarray(sizes, dtype=np.float64)
     t = np.asarray(times, dtype=np.float64)
     small = n <= SMALL_BYTES
@@ -127,14 +129,26 @@ def probe_contention(world: Any, sizes: Sequence[int] = CONTENTION_BYTES,
             process, own = time.process_time(), time.thread_time()
             compute()  # what the process's other threads burn anyway
             baseline.append((time.process_time() - process) - (time.thread_time() - own))
-            thread = threading.Thread(target=world.allreduce, args=([buffer],), daemon=True)
+            failures: list[BaseException] = []
+            thread = threading.Thread(target=_allreduce_into, args=(world, buffer, failures),
+                                      daemon=True)
             process, own = time.process_time(), time.thread_time()
             thread.start()
             compute()
             thread.join()
             beside.append((time.process_time() - process) - (time.thread_time() - own))
+            if failures:
+                raise failures[0]
         burnt.append(max(float(np.median(beside) - np.median(baseline)), 0.0))
     return burnt
+
+
+def _allreduce_into(world: Any, buffer: np.ndarray, failures: list[BaseException]) -> None:
+    """One all-reduce on a helper thread; its failure is kept for the caller to raise."""
+    try:
+        world.allreduce([buffer])
+    except BaseException as error:  # noqa: BLE001  (re-raised in the probing thread)
+        failures.append(error)
 
 
 def probe_world(world: Any, sizes: Sequence[int] = PROBE_BYTES,
@@ -153,7 +167,11 @@ def probe_world(world: Any, sizes: Sequence[int] = PROBE_BYTES,
         buffer = np.ones(max(nbytes // 4, 1), dtype=np.float32)
         world.allreduce([buffer])  # warm the connection and the buffer
         walls.append(_typical_time(lambda b=buffer: world.allreduce([b]), repeats))
-    share = contention_share(local_ranks) if local_ranks > 0 else 0.0
+    # the ranks agree on the contention share (their mean) before branching on it, so all
+    # of them run the same collectives even where their hosts' core counts differ
+    shares = np.array([contention_share(local_ranks) if local_ranks > 0 else 0.0])
+    world.allreduce([shares])
+    share = float(shares[0]) / p
     burnt = probe_contention(world, CONTENTION_BYTES, repeats, compute) if share > 0 else []
     agreed = np.array(walls + [share * b for b in burnt], dtype=np.float64)
     world.allreduce([agreed])

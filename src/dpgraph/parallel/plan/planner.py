@@ -54,22 +54,23 @@ class Prediction:
 
 
 def bucket_sizes(sizes: Sequence[int], bucket_bytes: float | None,
-                 ready: Sequence[float] | None = None) -> list[tuple[int, int]]:
+                 writers: Sequence[int] | None = None) -> list[tuple[int, int]]:
     """``(last gradient index, bytes)`` per bucket, greedily in production order (the
     packing of :func:`dpgraph.parallel.buckets.assign_buckets` for one dtype: with
-    ``ready``, gradients ready at the same point are packed as one unit)."""
+    ``writers``, the gradients one op writes are packed as one unit; -1 joins nothing)."""
     if bucket_bytes is None:
         return [(i, n) for i, n in enumerate(sizes)]
     unit = list(sizes)
-    if ready is not None:
-        totals: dict[float, int] = {}
-        for n, at in zip(sizes, ready):
-            totals[at] = totals.get(at, 0) + n
-        unit = [totals[at] for at in ready]
+    if writers is not None:
+        totals: dict[int, int] = {}
+        for n, op in zip(sizes, writers):
+            totals[op] = totals.get(op, 0) + n
+        unit = [n if op < 0 else totals[op] for n, op in zip(sizes, writers)]
     result: list[tuple[int, int]] = []
     current, last = 0, -1
     for i, n in enumerate(sizes):
-        together = ready is not None and last >= 0 and ready[i] == ready[last]
+        together = (writers is not None and last >= 0 and writers[i] >= 0
+                    and writers[i] == writers[last])
         if current and not together and current + unit[i] > bucket_bytes:
             result.append((last, current))
             current = 0
@@ -89,16 +90,16 @@ def collective_time(model: CostModel, backend: str, nbytes: float, workers: int,
 
 def predict(profile: StepProfile, model: CostModel, workers: int,
             bucket_bytes: float | None, backend: str = "gloo", local_devices: int = 1,
-            compute_s: float | None = None, join_ready: bool = False) -> Prediction:
+            compute_s: float | None = None, join_same_op: bool = False) -> Prediction:
     """The predicted step of one worker (``compute_s`` overrides the FLOP-based compute
     time, e.g. with a measured one-worker step; the gradient timeline is scaled to it;
-    ``join_ready``: gradients ready together share a bucket, as ``"auto"`` packs them)."""
+    ``join_same_op``: one op's gradients share a bucket, as ``"auto"`` packs them)."""
     total_flops = profile.forward_flops + profile.backward_flops
     compute = compute_s if compute_s is not None else total_flops / model.flops_per_sec
     scale = compute / total_flops if total_flops else 0.0
     backward_start = profile.forward_flops * scale
     buckets = bucket_sizes([g.nbytes for g in profile.grads], bucket_bytes,
-                           [g.ready_flops for g in profile.grads] if join_ready else None)
+                           [g.op for g in profile.grads] if join_same_op else None)
     figures = model.backend(backend)
     channel, comm, stolen = 0.0, 0.0, 0.0
     for last, nbytes in buckets:
@@ -126,7 +127,7 @@ def best_bucket_bytes(profile: StepProfile, model: CostModel, workers: int,
     size = float(MIN_BUCKET_BYTES)
     while size <= total * 1.19:
         guess = predict(profile, model, workers, size, backend, local_devices, compute_s,
-                        join_ready=True)
+                        join_same_op=True)
         candidates.append((guess.step_s, guess.comm_s, size))
         size *= 2 ** 0.25
     best_step = min(step for step, _, _ in candidates)
@@ -182,7 +183,7 @@ def scaling_table(profile: StepProfile, model: CostModel, workers: Sequence[int]
         size = (best_bucket_bytes(profile, model, count, backend, local_devices)
                 if isinstance(bucket_bytes, str) else bucket_bytes)
         bucketed = predict(profile, model, count, size, backend, local_devices,
-                           join_ready=isinstance(bucket_bytes, str))
+                           join_same_op=isinstance(bucket_bytes, str))
         rows.append({"workers": count, "per_blob": per_blob.to_json(),
                      "bucketed": bucketed.to_json()})
     return rows

@@ -25,6 +25,7 @@ class GradTiming:
     name: str
     nbytes: int
     ready_flops: float  # backward FLOPs done when this gradient exists
+    op: int = -1  # the forward op whose gradient op writes it (-1: unknown)
 
 
 @dataclass(frozen=True)
@@ -95,29 +96,33 @@ def profile_from_nets(predict_net: Any, init_net: Any, input_dims: Mapping[str, 
         **types, **dict.fromkeys(input_dims, 1)})
     fwd = [op_flops(op, all_shapes) for op in forward]
     timings, done, seen = [], 0.0, set()
-    for op, flops in zip(reversed(forward), reversed(fwd)):
-        weights = _weights(op, params)
-        done += (2.0 if weights else 1.0) * flops
+    for index in reversed(range(len(forward))):
+        weights = _weights(forward[index], params)
+        done += (2.0 if weights else 1.0) * fwd[index]
         for blob in weights:
             if blob in seen:
                 continue
             seen.add(blob)
             itemsize = np.dtype(DATA_TYPE_TO_NUMPY.get(types.get(blob, 1), np.float32)).itemsize
-            timings.append(GradTiming(f"{blob}_grad", _numel(shapes[blob]) * itemsize, done))
+            timings.append(GradTiming(f"{blob}_grad", _numel(shapes[blob]) * itemsize, done,
+                                      index))
     return StepProfile(name, float(sum(fwd)), done, tuple(timings))
 
 
 # --- the built-in ResNet-50 ------------------------------------------------------------------
-def _resnet50_layers() -> list[tuple[str, tuple[int, ...], float]]:
-    """(param, shape, forward FLOPs of the op using it) in forward order, per image."""
-    layers: list[tuple[str, tuple[int, ...], float]] = []
+_Op = tuple[list[tuple[str, tuple[int, ...]]], float]
+
+
+def _resnet50_ops() -> list[_Op]:
+    """(params, forward FLOPs per image) of each op with parameters, in forward order: a
+    conv (its weight), its spatial batch norm (scale and bias), the final FC (w and b)."""
+    ops: list[_Op] = []
 
     def conv(name: str, cin: int, cout: int, k: int, hw_out: int) -> None:
-        flops = 2.0 * cout * hw_out * hw_out * cin * k * k
-        layers.append((f"{name}_w", (cout, cin, k, k), flops))
-        bn = 10.0 * cout * hw_out * hw_out
-        layers.append((f"{name}_spatbn_s", (cout,), bn))
-        layers.append((f"{name}_spatbn_b", (cout,), 0.0))
+        ops.append(([(f"{name}_w", (cout, cin, k, k))],
+                    2.0 * cout * hw_out * hw_out * cin * k * k))
+        ops.append(([(f"{name}_spatbn_s", (cout,)), (f"{name}_spatbn_b", (cout,))],
+                    10.0 * cout * hw_out * hw_out))
 
     conv("conv1", 3, 64, 7, 112)
     cin, hw = 64, 56
@@ -132,22 +137,25 @@ def _resnet50_layers() -> list[tuple[str, tuple[int, ...], float]]:
             if block == 0:
                 conv(f"shortcut_projection_{stage}", cin, 4 * width, 1, out_hw)
             cin, hw = 4 * width, out_hw
-    layers.append(("last_out_w", (1000, 2048), 2.0 * 1000 * 2048))
-    layers.append(("last_out_b", (1000,), 0.0))
-    return layers
+    ops.append(([("last_out_w", (1000, 2048)), ("last_out_b", (1000,))], 2.0 * 1000 * 2048))
+    return ops
 
 
 def resnet50_shapes() -> list[tuple[str, tuple[int, ...]]]:
     """ResNet-50's 161 parameter shapes (25.6 M values), in forward order."""
-    return [(name, shape) for name, shape, _ in _resnet50_layers()]
+    return [param for params, _ in _resnet50_ops() for param in params]
 
 
 def resnet50_profile(batch: int = 32) -> StepProfile:
-    """ResNet-50 on 224x224 images, ``batch`` images per worker, float32 gradients."""
-    layers = _resnet50_layers()
-    forward = batch * sum(f for _, _, f in layers)
-    timings, done = [], 0.0
-    for name, shape, flops in reversed(layers):
+    """ResNet-50 on 224x224 images, ``batch`` images per worker, float32 gradients (an op's
+    gradients all exist once its gradient op ran)."""
+    ops = _resnet50_ops()
+    forward = batch * sum(flops for _, flops in ops)
+    timings: list[GradTiming] = []
+    done = 0.0
+    for index in reversed(range(len(ops))):
+        params, flops = ops[index]
         done += 2.0 * batch * flops
-        timings.append(GradTiming(f"{name}_grad", 4 * _numel(shape), done))
+        timings.extend(GradTiming(f"{name}_grad", 4 * _numel(shape), done, index)
+                       for name, shape in params)
     return StepProfile(f"resnet50 (batch {batch}/worker)", forward, done, tuple(timings))
