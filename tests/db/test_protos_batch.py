@@ -195,21 +195,12 @@ def test_minidb_uses_the_generic_read_run(tmp_path: Path) -> None:
     reader.close()
 
 
-def _varint(value: int) -> bytes:
-    out = b""
-    while True:
-        byte, value = value & 0x7F, value >> 7
-        out += bytes([byte | (0x80 if value else 0)])
-        if not value:
-            return out
-
-
 def test_corrupt_records_fail_as_the_record_decoder_says() -> None:
     """The fast path never accepts what protobuf rejects: a packed varint cut short, a
     negative dim (next to a 0 dim, so the element count still matches)."""
     payload = bytes([5, 0x85])  # int32_data [5, <a varint cut short>]
-    proto = b"\x08\x01\x10\x02\x22" + _varint(len(payload)) + payload  # dims [1], INT32
-    truncated = b"\x0a" + _varint(len(proto)) + proto
+    proto = b"\x08\x01\x10\x02\x22" + bytes([len(payload)]) + payload  # dims [1], INT32
+    truncated = b"\x0a" + bytes([len(proto)]) + proto  # (lengths < 128: one-byte varints)
     negative = _record(DT(data_type=DT.FLOAT, dims=[0, -1], raw_data=b""))
     for record in (truncated, negative):
         with pytest.raises(CorruptDataError, match=r"record 0 of the batch"):
