@@ -117,7 +117,8 @@ def _bbox(pixels: np.ndarray, box: tuple[int, int, int, int] | None) -> np.ndarr
 def resize(pixels: np.ndarray, width: int, height: int) -> np.ndarray:
     """``pixels`` resized to ``width`` x ``height`` with OpenCV's area interpolation (true
     area averaging when shrinking), keeping the channel axis."""
-    out = opencv().resize(pixels, (width, height), interpolation=opencv().INTER_AREA)
+    cv2 = opencv()
+    out = cv2.resize(pixels, (width, height), interpolation=cv2.INTER_AREA)
     return out.reshape(height, width, pixels.shape[2])
 
 

@@ -182,7 +182,8 @@ class Workspace(metaclass=_WorkspaceMeta):
 
     @staticmethod
     def _wrap(ws: Any) -> Workspace:
-        """The wrapper of a workspace this module did not create (it owns nothing)."""
+        """``ws``'s live wrapper, else a new one that owns nothing (``ws`` was not made by
+        ``Workspace()``, or its wrapper is gone)."""
         known = _wrappers.get(ws)
         wrapper = known() if known is not None else None
         if wrapper is None:
