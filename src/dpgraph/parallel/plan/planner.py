@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from dpgraph.parallel.buckets import GradInfo, assign_buckets
 from dpgraph.parallel.plan.cost_model import CostModel, load
 from dpgraph.parallel.plan.profile import StepProfile
 
@@ -55,30 +56,16 @@ class Prediction:
 
 def bucket_sizes(sizes: Sequence[int], bucket_bytes: float | None,
                  writers: Sequence[int] | None = None) -> list[tuple[int, int]]:
-    """``(last gradient index, bytes)`` per bucket, greedily in production order (the
-    packing of :func:`dpgraph.parallel.buckets.assign_buckets` for one dtype: with
-    ``writers``, the gradients one op writes are packed as one unit; -1 joins nothing)."""
+    """``(last gradient index, bytes)`` per bucket of gradients in production order: what
+    :func:`dpgraph.parallel.buckets.assign_buckets` packs for one dtype (with ``writers``,
+    the gradients one op writes are one unit, as ``"auto"`` packs them; -1 joins nothing)."""
     if bucket_bytes is None:
         return [(i, n) for i, n in enumerate(sizes)]
-    unit = list(sizes)
-    if writers is not None:
-        totals: dict[int, int] = {}
-        for n, op in zip(sizes, writers):
-            totals[op] = totals.get(op, 0) + n
-        unit = [n if op < 0 else totals[op] for n, op in zip(sizes, writers)]
-    result: list[tuple[int, int]] = []
-    current, last = 0, -1
-    for i, n in enumerate(sizes):
-        together = (writers is not None and last >= 0 and writers[i] >= 0
-                    and writers[i] == writers[last])
-        if current and not together and current + unit[i] > bucket_bytes:
-            result.append((last, current))
-            current = 0
-        current += n
-        last = i
-    if current:
-        result.append((last, current))
-    return result
+    ops = writers if writers is not None else [-1] * len(sizes)
+    grads = [GradInfo(f"{i:08d}", n, "float32", i, op=op)
+             for i, (n, op) in enumerate(zip(sizes, ops))]
+    return [(bucket.grads[-1].order, sum(g.nbytes for g in bucket.grads))
+            for bucket in assign_buckets(grads, bucket_bytes, join_same_op=writers is not None)]
 
 
 def collective_time(model: CostModel, backend: str, nbytes: float, workers: int,
