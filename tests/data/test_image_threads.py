@@ -65,7 +65,8 @@ def test_a_read_failing_mid_batch_stops_the_decode_threads(tmp_path: Path,
                                                            monkeypatch: pytest.MonkeyPatch
                                                            ) -> None:
     """Decode threads start on the first records while the rest are read; a read that
-    fails later in the batch raises in the op, and no decode thread is left waiting."""
+    fails later in the batch raises in the op, and no decode thread is still at work on
+    the batch."""
     import sys
     import threading
 
@@ -87,14 +88,70 @@ def test_a_read_failing_mid_batch_stops_the_decode_threads(tmp_path: Path,
         _batches(tmp_path / "db", 3, 1, no_prefetch=1)
     frames = sys._current_frames()
     decoders = [t.ident for t in threading.enumerate() if t.name.startswith("dpgraph-decode")]
-    assert decoders and not any(_waits_for_rows(frames.get(ident)) for ident in decoders)
+    assert decoders and not any(_decodes_rows(frames.get(ident)) for ident in decoders)
     monkeypatch.setattr(DBReader, "read_batch", read_batch)
     assert _batches(tmp_path / "db", 3, 2)[1].shape == (6, 16, 16, 3)
 
 
-def _waits_for_rows(frame: object) -> bool:
+def test_blocked_reads_hold_no_decode_thread_another_op_needs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Decode pools are shared by size.  While ops' reads block mid-batch (DBs over blobs
+    queues waiting for data), their decode helpers must not sit on pool threads: another op
+    with the same decode_threads still decodes its batch."""
+    import threading
+    import time
+
+    from dpgraph.db.reader import DBReader
+
+    blocking, names = ["blocked_a", "blocked_b"], ["blocked_a", "blocked_b", "free"]
+    for name in names:
+        _db(tmp_path / name, 9)
+    other_done = threading.Event()
+    reads_block = {name: threading.Event() for name in blocking}
+    reads = dict.fromkeys(blocking, 0)
+    read_batch = DBReader.read_batch
+
+    def read_waiting_for_the_other_op(self: DBReader,
+                                      count: int) -> tuple[list[bytes], list[bytes]]:
+        name = Path(self.source).name
+        if name in reads:
+            reads[name] += 1
+            if reads[name] == 2:  # after the first chunk, which the helpers decode
+                reads_block[name].set()
+                other_done.wait(20)
+        return read_batch(self, count)
+
+    monkeypatch.setattr(DBReader, "read_batch", read_waiting_for_the_other_op)
+    workspace.ResetWorkspace()
+    nets = {}
+    for name in names:
+        workspace.RunOperatorOnce(core.CreateOperator(
+            "CreateDB", [], [f"reader_{name}"], db=str(tmp_path / name), db_type="lmdb"))
+        net = core.Net(f"input_{name}")
+        net.ImageInput([f"reader_{name}"], [f"data_{name}", f"label_{name}"], batch_size=6,
+                       scale=20, crop=16, is_test=1, decode_threads=3, no_prefetch=1)
+        workspace.CreateNet(net)
+        nets[name] = net
+    blocked = [threading.Thread(target=workspace.RunNet, args=(nets[name],))
+               for name in blocking]
+    for thread in blocked:
+        thread.start()
+    assert all(event.wait(20) for event in reads_block.values())
+    time.sleep(0.2)  # their helpers are done with the first chunks
+    start = time.monotonic()
+    workspace.RunNet(nets["free"])
+    took = time.monotonic() - start
+    other_done.set()
+    for thread in blocked:
+        thread.join(30)
+    assert took < 10, f"the other op waited {took:.1f} s for the blocked ops' decode helpers"
+    for name in names:
+        assert workspace.FetchBlob(f"data_{name}").shape == (6, 16, 16, 3)
+
+
+def _decodes_rows(frame: object) -> bool:
     while frame is not None:
-        if frame.f_code.co_name == "take":  # type: ignore[attr-defined]
+        if frame.f_code.co_name == "_rows":  # type: ignore[attr-defined]
             return True
         frame = frame.f_back  # type: ignore[attr-defined]
     return False

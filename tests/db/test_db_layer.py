@@ -206,3 +206,44 @@ def test_lmdb_written_by_python_package_reads_back(tmp_path: Path) -> None:
     env.close()
     keys = [k for k, _ in _read_all("lmdb", path)]
     assert keys == sorted(str(j).encode() for j in range(12))  # "0","1","10","11","2",...
+
+
+def test_a_collection_inside_an_lmdb_open_may_free_another_lmdb(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A garbage collection inside ``lmdb.open`` (any allocation may start one) can free a
+    DB object whose ``__del__`` releases its environment, in the thread that is opening
+    another one: the environment map must not deadlock on itself."""
+    import gc
+    import threading
+
+    from dpgraph.db.lmdb_db import ENVIRONMENTS
+
+    paths = []
+    for name in ("freed", "opened"):
+        env = lmdb.open(str(tmp_path / name), map_size=1 << 20)
+        with env.begin(write=True) as txn:
+            txn.put(b"k", b"v")
+        env.close()
+        paths.append(str(tmp_path / name))
+    real_open = lmdb.open
+
+    def open_after_a_collection(*args: object, **kwargs: object) -> object:
+        gc.collect()
+        return real_open(*args, **kwargs)
+
+    gc.disable()  # only the collection inside lmdb.open frees the cycle
+    try:
+        freed = create_db("lmdb", paths[0], Mode.read)
+        freed.cycle = freed
+        del freed
+        monkeypatch.setattr(lmdb, "open", open_after_a_collection)
+        opened: list[object] = []
+        opener = threading.Thread(target=lambda: opened.append(
+            create_db("lmdb", paths[1], Mode.read)), daemon=True)
+        opener.start()
+        opener.join(timeout=30)
+    finally:
+        gc.enable()
+    assert not opener.is_alive(), "opening an LMDB deadlocked on the environment map"
+    assert os.path.realpath(paths[0]) not in ENVIRONMENTS._open
+    opened[0].close()  # type: ignore[attr-defined]

@@ -141,46 +141,93 @@ def test_blob_tensor_access_serde_and_net_creation() -> None:
         ws.create_net("...")
 
 
-def test_a_dropped_workspace_object_destroys_its_nets(tmp_path) -> None:
-    """As destroying a Caffe2 workspace destroys its ops: a prefetching input op's thread
-    ends and its reader closes once nothing holds the Workspace (a Net of it does)."""
-    import gc
-    import threading
-    import weakref
-
+def _write_int_records(path: str, count: int = 8) -> None:
     import lmdb
 
     from dpgraph.proto import caffe2_pb2
 
-    path = str(tmp_path / "db")
     env = lmdb.open(path, map_size=1 << 24)
     with env.begin(write=True) as txn:
-        for j in range(8):
+        for j in range(count):
             record = caffe2_pb2.TensorProtos()
             record.protos.add(data_type=caffe2_pb2.TensorProto.INT32, int32_data=[j])
             txn.put(str(j).encode(), record.SerializeToString())
     env.close()
 
-    def prefetching_net(ws: workspace.C.Workspace) -> workspace.C.Net:
-        init = core.Net("init")
-        init.CreateDB([], "reader", db=path, db_type="lmdb")
-        ws.run(init)
-        net = core.Net("read")
-        net.TensorProtosDBInput(["reader"], ["label"], batch_size=2)
-        created = ws.create_net(net)
-        created.run()
-        return created
 
-    def prefetch_threads() -> int:
-        return sum(t.name == "dpgraph-prefetch" for t in threading.enumerate())
+def _prefetching_net(ws: C.Workspace, path: str) -> C.Net:
+    """A net of ``ws`` whose TensorProtosDBInput has run once (a batch is read ahead)."""
+    init = core.Net("init")
+    init.CreateDB([], "reader", db=path, db_type="lmdb")
+    ws.run(init)
+    net = core.Net("read")
+    net.TensorProtosDBInput(["reader"], ["label"], batch_size=2)
+    created = ws.create_net(net)
+    created.run()
+    return created
 
-    before = prefetch_threads()
-    ws = workspace.C.Workspace()
+
+def _prefetch_threads() -> int:
+    import threading
+
+    return sum(t.name == "dpgraph-prefetch" for t in threading.enumerate())
+
+
+def test_a_dropped_workspace_object_destroys_its_nets(tmp_path) -> None:
+    """As destroying a Caffe2 workspace destroys its ops: a prefetching input op's thread
+    ends and its reader closes once nothing holds the Workspace (a Net of it does)."""
+    import gc
+    import weakref
+
+    from dpgraph.runtime import finalizers
+
+    path = str(tmp_path / "db")
+    _write_int_records(path)
+    before = _prefetch_threads()
+    ws = C.Workspace()
     runtime = weakref.ref(ws._ws)
-    net = prefetching_net(ws)
+    net = _prefetching_net(ws, path)
     del ws
     gc.collect()
-    assert net.run() and prefetch_threads() == before + 1  # the Net keeps it alive
+    assert net.run() and _prefetch_threads() == before + 1  # the Net keeps it alive
     del net
     gc.collect()
-    assert runtime() is None and prefetch_threads() == before
+    assert finalizers.flush(timeout=30)  # a drop inside a collection closes on the reaper
+    assert runtime() is None and _prefetch_threads() == before
+
+
+def test_a_workspace_collected_on_its_own_prefetch_thread_closes_without_deadlock(
+        tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The collection that frees a Workspace object can run on the prefetch thread of one of
+    its ops, mid-batch.  Closing the op there would wait for that very thread's batch; the
+    close runs on the reaper thread instead, once the batch is read."""
+    import gc
+    import threading
+    import time
+
+    from dpgraph.data.prefetch import Prefetcher
+    from dpgraph.runtime import finalizers
+
+    path = str(tmp_path / "db")
+    _write_int_records(path)
+    before = _prefetch_threads()
+    release = threading.Event()
+    serve_one = Prefetcher._serve_one
+
+    def collect_first(self: Prefetcher, request: object) -> bool:
+        if request is not None:
+            release.wait(30)
+            gc.collect()  # frees the Workspace object, here on the prefetch thread
+        return serve_one(self, request)
+
+    monkeypatch.setattr(Prefetcher, "_serve_one", collect_first)
+    ws = C.Workspace()
+    ws.cycle = ws  # only a collection frees it
+    _prefetching_net(ws, path)  # its read-ahead now waits for ``release``
+    del ws
+    release.set()
+    deadline = time.monotonic() + 30
+    while _prefetch_threads() != before and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert finalizers.flush(timeout=30)
+    assert _prefetch_threads() == before, "the prefetch thread did not end"

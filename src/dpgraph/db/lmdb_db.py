@@ -79,7 +79,10 @@ class _Environments:
 
     def __init__(self) -> None:
         self._open: dict[str, list[Any]] = {}  # realpath -> [env, users, writable]
-        self._lock = threading.Lock()
+        # Reentrant: a garbage collection inside ``lmdb.open`` can free another DB object,
+        # whose ``__del__`` releases its environment in this same thread.  That is safe here:
+        # ``acquire`` touches the map only before and after the call.
+        self._lock = threading.RLock()
 
     def acquire(self, path: str, writable: bool) -> Any:
         key = os.path.realpath(path)

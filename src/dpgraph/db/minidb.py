@@ -118,7 +118,7 @@ class MiniDB(DB):
         super().__init__(source, mode)
         how = {Mode.new: "wb", Mode.write: "ab", Mode.read: "rb"}[self.mode]
         self._file: IO[bytes] | None = _open(self.source, how, self.mode.name)
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # a transaction's __del__ may flush mid-write (GC)
         if self.mode == Mode.read:  # READ keeps nothing open; each cursor has its handle
             self._file.close()
             self._file = None

@@ -220,78 +220,88 @@ _READ_CHUNK = 4
 
 
 class _RowFeed:
-    """A batch's records, handed to its decode threads as the caller reads them (Caffe2's
-    prefetch loop also queues each record's decode as soon as it has read it).  ``take``
-    waits for the next unclaimed row; it answers ``None`` once every row is claimed, or
-    as soon as any thread failed."""
+    """A batch's records, decoded as the reading thread reads them (Caffe2's prefetch loop
+    also queues each record's decode as soon as it has read it): each :meth:`add` says how
+    many pool helpers to start for the new rows.  Helpers never wait for records: one that
+    finds no unclaimed row ends, so a read that blocks (a DB over a blobs queue) holds no
+    pool thread that another op's batch needs.  The reading thread decodes what is left."""
 
-    def __init__(self) -> None:
+    def __init__(self, helpers: int) -> None:
         self._records: list[tuple[bytes, bytes]] = []
         self._claimed = 0
-        self._complete = self._failed = False
-        self._changed = threading.Condition()
+        self._failed = False
+        self._helpers, self._active = helpers, 0
+        self._lock = threading.Lock()
 
-    def add(self, keys: list[bytes], values: list[bytes]) -> None:
-        with self._changed:
+    def add(self, keys: list[bytes], values: list[bytes]) -> int:
+        """Append records; answers how many more helpers to start."""
+        with self._lock:
             self._records.extend(zip(keys, values))
-            self._changed.notify_all()
+            unclaimed = len(self._records) - self._claimed
+            start = 0 if self._failed else max(0, min(self._helpers - self._active, unclaimed))
+            self._active += start
+            return start
 
-    def finish(self, failed: bool = False) -> None:
-        """No more records come (``failed``: and no more rows are to be taken)."""
-        with self._changed:
-            self._complete, self._failed = True, self._failed or failed
-            self._changed.notify_all()
+    def fail(self) -> None:
+        """No more rows are to be taken (a read or a decode failed)."""
+        with self._lock:
+            self._failed = True
 
-    def take(self) -> tuple[int, bytes, bytes] | None:
-        with self._changed:
-            while not (self._failed or self._complete or self._claimed < len(self._records)):
-                self._changed.wait()
+    def take(self, helper: bool) -> tuple[int, bytes, bytes] | None:
+        """The next unclaimed row, else ``None`` (a helper that gets ``None`` has ended)."""
+        with self._lock:
             if self._failed or self._claimed == len(self._records):
+                self._active -= helper
                 return None
             row, self._claimed = self._claimed, self._claimed + 1
             return (row, *self._records[row])
 
 
-def _rows(feed: _RowFeed, cfg: _Config, seed: int, where: str, data: np.ndarray) -> _Done:
-    """One decode thread's work: the next unclaimed row of the batch until none is left
-    (threads that run slower, on a busy machine, simply take fewer rows).  A failure stops
-    the other threads after their current image."""
+def _rows(feed: _RowFeed, cfg: _Config, seed: int, where: str, data: np.ndarray,
+          helper: bool) -> _Done:
+    """Decode unclaimed rows of the batch until none is left (threads that run slower, on a
+    busy machine, simply take fewer rows).  A failure stops the other threads after their
+    current image."""
     done: _Done = []
     try:
-        while (item := feed.take()) is not None:
+        while (item := feed.take(helper)) is not None:
             row, key, value = item
             done.append((row, *_one_image(value, cfg, _RowDraws(seed, row),
                                           f"{where}, key {key!r} (record {row} of the batch)",
                                           data[row])))
         return done
     except BaseException:
-        feed.finish(failed=True)
+        feed.fail()
         raise
 
 
 def _decode_batch(reader: DBReader, cfg: _Config, seed: int, where: str,
                   data: np.ndarray) -> _Done:
-    """Read the batch's records and decode every row on ``decode_threads`` threads: the
-    calling (prefetch) thread, once it has read the batch, and ``decode_threads - 1`` pool
-    threads from the first records on.  Returns once no thread is writing into ``data``."""
-    feed = _RowFeed()
+    """Read the batch's records and decode every row on ``decode_threads`` threads: up to
+    ``decode_threads - 1`` pool helpers from the first records on, and the calling
+    (prefetch) thread once it has read the batch.  Returns once no thread is writing into
+    ``data``."""
     threads = max(1, min(cfg.threads, cfg.batch_size))
+    feed = _RowFeed(helpers=threads - 1)
     pool = cfg.services.decode_pool(threads) if threads > 1 else None
-    futures = [pool.submit(_rows, feed, cfg, seed, where, data)
-               for _ in range(threads - 1)] if pool is not None else []
+    futures: list[concurrent.futures.Future[_Done]] = []
     try:
         try:
             for start in range(0, cfg.batch_size, _READ_CHUNK):
-                feed.add(*reader.read_batch(min(_READ_CHUNK, cfg.batch_size - start)))
+                helpers = feed.add(*reader.read_batch(min(_READ_CHUNK, cfg.batch_size - start)))
+                futures += [pool.submit(_rows, feed, cfg, seed, where, data, True)
+                            for _ in range(helpers)] if pool is not None else []
         except BaseException:
-            feed.finish(failed=True)
+            feed.fail()
             raise
-        feed.finish()
-        done = _rows(feed, cfg, seed, where, data)
+        done = _rows(feed, cfg, seed, where, data, helper=False)
     finally:
+        for future in futures:
+            future.cancel()  # still queued behind other ops' work: nothing is left for it
         concurrent.futures.wait(futures)
     for future in futures:
-        done.extend(future.result())
+        if not future.cancelled():
+            done.extend(future.result())
     return sorted(done, key=lambda item: item[0])
 
 

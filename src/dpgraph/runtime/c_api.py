@@ -24,7 +24,7 @@ from dpgraph.errors import NotSupportedError, WorkspaceError
 from dpgraph.ir.registry import OPERATORS
 from dpgraph.ops import python_op
 from dpgraph.proto import caffe2_pb2
-from dpgraph.runtime import api
+from dpgraph.runtime import api, finalizers
 from dpgraph.runtime.observers import (  # noqa: F401  (Caffe2's C.*_observer* functions)
     add_observer_to_net,
     num_observers_on_net,
@@ -178,7 +178,7 @@ class Workspace(metaclass=_WorkspaceMeta):
         _wrappers[self._ws] = weakref.ref(self)
         # Dropping the object destroys its nets, as destroying a Caffe2 workspace does: ops
         # close (prefetch threads end, DB readers they own close).
-        weakref.finalize(self, self._ws.close_nets)
+        finalizers.when_dropped(self, self._ws.close_nets)
 
     @staticmethod
     def _wrap(ws: Any) -> Workspace:
