@@ -31,7 +31,8 @@ _reaper_lock = threading.Lock()
 
 
 def _track_collections(phase: str, info: dict[str, Any]) -> None:
-    _collecting.depth = getattr(_collecting, "depth", 0) + (1 if phase == "start" else -1)
+    depth = getattr(_collecting, "depth", 0)
+    _collecting.depth = depth + 1 if phase == "start" else max(0, depth - 1)
 
 
 gc.callbacks.append(_track_collections)
