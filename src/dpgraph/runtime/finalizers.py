@@ -24,15 +24,17 @@ logger = logging.getLogger("dpgraph.runtime.finalizers")
 #: Prefix of the names of the threads dpgraph starts (prefetch, decode pools, executors).
 THREAD_PREFIX = "dpgraph-"
 
-_collecting = threading.local()  # .depth > 0 while this thread runs a garbage collection
+# .active: this thread runs a garbage collection (collections never nest in a thread).  A
+# flag, not a count: a callback that fails (a collection started at the recursion limit)
+# leaves it wrong only until the next collection of the thread ends.
+_collecting = threading.local()
 _pending: queue.SimpleQueue[Callable[[], Any]] = queue.SimpleQueue()  # put is reentrant
 _reaper: threading.Thread | None = None
 _reaper_lock = threading.Lock()
 
 
 def _track_collections(phase: str, info: dict[str, Any]) -> None:
-    depth = getattr(_collecting, "depth", 0)
-    _collecting.depth = depth + 1 if phase == "start" else max(0, depth - 1)
+    _collecting.active = phase == "start"
 
 
 gc.callbacks.append(_track_collections)
@@ -47,7 +49,7 @@ def when_dropped(obj: Any, cleanup: Callable[[], Any]) -> weakref.finalize:
 
 def must_defer() -> bool:
     """Whether a cleanup that waits must not run in this thread now."""
-    return (getattr(_collecting, "depth", 0) > 0
+    return (getattr(_collecting, "active", False)
             or threading.current_thread().name.startswith(THREAD_PREFIX))
 
 
