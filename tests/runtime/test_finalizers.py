@@ -75,3 +75,28 @@ def test_must_defer_only_inside_collections_and_on_dpgraph_threads() -> None:
     worker.start()
     worker.join()
     assert seen == [True]
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs os.fork")
+def test_a_forked_child_gets_its_own_reaper() -> None:
+    import os
+
+    _tracked([])  # the parent's reaper runs
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: defer a cleanup and wait for it on a reaper of its own
+        try:
+            log: list[str] = []
+            owner = _tracked(log)
+            owner.cycle = owner  # type: ignore[attr-defined]
+            del owner
+            gc.collect()
+            ok = finalizers.flush(timeout=10) and log == ["dpgraph-reaper"]
+            os.write(write, b"ok" if ok else b"no")
+        finally:
+            os._exit(0)
+    os.close(write)
+    answer = os.read(read, 2)
+    os.waitpid(pid, 0)
+    os.close(read)
+    assert answer == b"ok"

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
 import queue
 import threading
 import weakref
@@ -33,8 +34,9 @@ _reaper: threading.Thread | None = None
 _reaper_lock = threading.Lock()
 
 
-def _track_collections(phase: str, info: dict[str, Any]) -> None:
-    _collecting.active = phase == "start"
+def _track_collections(phase: str, info: dict[str, Any],
+                       state: threading.local = _collecting) -> None:
+    state.active = phase == "start"  # (bound early: module globals are gone at shutdown)
 
 
 gc.callbacks.append(_track_collections)
@@ -76,6 +78,17 @@ def _start_reaper() -> None:
         if _reaper is None:
             _reaper = threading.Thread(target=_reap, name=f"{THREAD_PREFIX}reaper", daemon=True)
             _reaper.start()
+
+
+def _forget_reaper_after_fork() -> None:
+    """A forked child has no reaper thread, and its parent's pending cleanups are not its
+    own: it starts afresh (its next :func:`when_dropped` starts a reaper)."""
+    global _reaper, _pending, _reaper_lock
+    _reaper, _pending, _reaper_lock = None, queue.SimpleQueue(), threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_reaper_after_fork)
 
 
 def _reap() -> None:
