@@ -238,7 +238,7 @@ class _RowFeed:
         with self._lock:
             self._records.extend(zip(keys, values))
             unclaimed = len(self._records) - self._claimed
-            start = 0 if self._failed else max(0, min(self._helpers - self._active, unclaimed))
+            start = 0 if self._failed else min(self._helpers - self._active, unclaimed)
             self._active += start
             return start
 
